@@ -1,0 +1,44 @@
+"""The exceptions `campaign` raises on purpose. Each message says what to do next.
+
+    CampaignError            root; the CLI prints it and exits with its `exit_code`
+    ├── SpecError            the YAML file is malformed or invalid (exit 2)
+    ├── LedgerError          the ledger cannot be used as asked (exit 2)
+    │   └── SchemaOutOfDate  the ledger's schema is older than this release (exit 2)
+    ├── CampaignConflict     same name, different spec, or another driver holds it (exit 2)
+    └── SiteError            the site cannot provide what a stage asks for (exit 2)
+"""
+
+from __future__ import annotations
+
+
+class CampaignError(Exception):
+    """Root of every error `campaign` raises on purpose."""
+
+    exit_code = 2
+
+
+class SpecError(CampaignError):
+    """A campaign file that cannot be used; `problems` holds one line per problem."""
+
+    def __init__(self, path: str, problems: list[str]) -> None:
+        self.path = path
+        self.problems = problems
+        lines = "\n".join(f"  {p}" for p in problems)
+        n = len(problems)
+        super().__init__(f"{path}: {n} problem{'s' if n != 1 else ''}\n{lines}")
+
+
+class LedgerError(CampaignError):
+    """The ledger cannot be opened, read or written as asked."""
+
+
+class SchemaOutOfDate(LedgerError):
+    """The ledger's schema is older (or newer) than this release of `campaign`."""
+
+
+class CampaignConflict(CampaignError):
+    """The request conflicts with what the ledger already holds."""
+
+
+class SiteError(CampaignError):
+    """The site cannot provide what a stage asks for."""

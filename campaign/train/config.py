@@ -1,0 +1,159 @@
+"""Configuration of the built-in trainer (`python -m campaign.train --config FILE`).
+
+These models are shared by two readers: the campaign spec (its `model`, `data` and
+`trainer` sections are these classes) and the trainer itself, which reads one JSON file
+(`TrainerConfig`) written by the supervisor for each attempt. This module imports only
+pydantic, so the CLI can validate a spec without importing torch.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+
+class ModelConfig(_Strict):
+    """A GPT-style decoder. `size` picks a named shape; the other fields override it."""
+
+    size: Literal["tiny", "small", "gpt2-124m", "1b", "auroragpt-2b"] = "tiny"
+    """Named shape: `tiny` trains in seconds on CPU; `auroragpt-2b` is the AuroraGPT 2B shape."""
+    n_layer: int | None = Field(default=None, ge=1)
+    """Number of transformer blocks (overrides the size's value)."""
+    n_head: int | None = Field(default=None, ge=1)
+    """Number of attention heads (overrides the size's value)."""
+    d_model: int | None = Field(default=None, ge=8)
+    """Width of the residual stream (overrides the size's value)."""
+    vocab_size: int | None = Field(default=None, ge=2)
+    """Vocabulary size (overrides the size's value; must cover the data's token ids)."""
+    seq_len: int | None = Field(default=None, ge=2)
+    """Context length in tokens (overrides the size's value)."""
+    activation: Literal["swiglu", "gelu"] = "swiglu"
+    """MLP activation."""
+    tie_embeddings: bool = True
+    """Share the input embedding and the output projection."""
+
+
+class DataConfig(_Strict):
+    """Where the training tokens come from."""
+
+    source: Literal["synthetic", "file"] = "synthetic"
+    """`synthetic`: a seeded Markov chain with a known entropy floor; `file`: a token file."""
+    path: str | None = None
+    """Token file (flat uint16/uint32 memmap, the usual `.bin` layout) when source is `file`."""
+    dtype: Literal["uint16", "uint32"] = "uint16"
+    """Element type of the token file."""
+    seed: int = 1234
+    """Seed of the sampler (and of the synthetic chain)."""
+    synthetic_vocab: int = Field(default=256, ge=2)
+    """Vocabulary of the synthetic source."""
+    synthetic_branching: int = Field(default=4, ge=1)
+    """Each synthetic token is followed by one of this many successors (entropy floor ln(b))."""
+
+    @model_validator(mode="after")
+    def _path_for_file(self) -> DataConfig:
+        if self.source == "file" and not self.path:
+            raise ValueError("data.path is required when data.source is 'file'")
+        return self
+
+
+class TrainConfig(_Strict):
+    """How to train: parallelism, batch, optimizer, precision, checkpoints."""
+
+    command: list[str] | None = None
+    """Your own trainer, as an argv list (e.g. [python, my_train.py]); it must honour the
+    trainer contract (docs/trainer-contract.md). Default: the built-in trainer."""
+    parallelism: Literal["ddp", "fsdp"] = "ddp"
+    """Data parallelism: DDP, or FSDP2 (`fully_shard`)."""
+    micro_batch_size: int = Field(default=4, ge=1)
+    """Sequences per rank per micro-step."""
+    grad_accum: int = Field(default=1, ge=1)
+    """Micro-steps per optimizer step."""
+    lr: float = Field(default=3e-3, gt=0)
+    """Peak learning rate."""
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+    """Final learning rate as a fraction of the peak."""
+    warmup_steps: int = Field(default=10, ge=0)
+    """Linear warm-up steps."""
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    """Decay after warm-up, down to min_lr_ratio x lr at the schedule's horizon."""
+    schedule_steps: int = Field(default=1000, ge=1)
+    """Horizon of the LR schedule in steps (keep it fixed across stages for comparable losses)."""
+    weight_decay: float = Field(default=0.1, ge=0)
+    """AdamW weight decay."""
+    max_grad_norm: float | None = Field(default=1.0, gt=0)
+    """Gradient clipping norm (null: no clipping)."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """`auto`: bf16 autocast on accelerators, fp32 on CPU."""
+    compile: bool = False
+    """Wrap the model in torch.compile."""
+    activation_checkpointing: bool = False
+    """Recompute block activations in the backward pass to save memory."""
+    device: Literal["auto", "cpu", "cuda", "xpu"] = "auto"
+    """Device type; `auto` picks cuda, then xpu, then cpu."""
+    backend: Literal["auto", "gloo", "nccl", "xccl", "ccl"] = "auto"
+    """torch.distributed backend; `auto` follows the device."""
+    deterministic: bool = True
+    """Deterministic kernels and seeds, so resumed runs can be compared bit for bit."""
+    seed: int = 0
+    """Seed of model initialisation and dropout."""
+    checkpoint_every: int = Field(default=0, ge=0)
+    """Save a checkpoint every this many steps (0: only where a stage asks for one)."""
+    keep_last: int = Field(default=3, ge=1)
+    """Complete checkpoints to keep."""
+    log_every: int = Field(default=1, ge=1)
+    """Write a metrics line every this many steps."""
+
+
+class Fault(_Strict):
+    """A deliberate fault, for tests and drills only (needs CAMPAIGN_ALLOW_FAULTS=1)."""
+
+    kind: Literal[
+        "hang", "hang_in_collective", "crash", "slow", "sigkill", "data_off_by_one", "nonfinite"
+    ]
+    """What goes wrong (`nonfinite`: the rank's loss becomes NaN at `step`, test-only)."""
+    step: int = Field(ge=1)
+    """At which step."""
+    rank: int | None = Field(default=None, ge=0)
+    """Which global rank (or use `node`)."""
+    node: str | None = None
+    """All ranks of this node."""
+    factor: float = Field(default=5.0, gt=1)
+    """Slow-down factor for `slow`."""
+    exit_code: int = Field(default=1, ge=1, le=255)
+    """Exit code for `crash`."""
+    attempt: int | None = Field(default=None, ge=1)
+    """Only in this attempt number of the stage (null: every attempt)."""
+
+
+class RunConfig(_Strict):
+    """What one attempt must do; written by the supervisor, not by users."""
+
+    max_steps: int = Field(ge=1)
+    """Stop after this optimizer step."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Stop once this many tokens (cumulative, all ranks) have been trained on."""
+    checkpoint_dir: str
+    """Where `step-NNNNNNNN/` checkpoints live (shared across a stage's attempts)."""
+    checkpoint_at: list[int] = []
+    """Extra steps at which to save a checkpoint."""
+    resume: bool = True
+    """Resume from the newest complete checkpoint in checkpoint_dir, if any."""
+    deadline_unix: float | None = None
+    """Wall-clock deadline (scheduler walltime); checkpoint and exit 143 before it."""
+    attempt: int = 1
+    """Attempt number within the stage (faults may target one)."""
+
+
+class TrainerConfig(_Strict):
+    """The single file the trainer reads: `python -m campaign.train --config FILE`."""
+
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    train: TrainConfig = TrainConfig()
+    run: RunConfig
+    faults: list[Fault] = []

@@ -1,0 +1,78 @@
+"""The `local` site: this machine, with N *virtual nodes* of R ranks each.
+
+Fields a user changes (in the campaign file, under `site:`):
+    nodes            how many virtual nodes to simulate (each a named group of ranks)
+    ranks_per_node   ranks (processes) per virtual node
+
+Every rank runs as a plain process here; `CAMPAIGN_NODE` tells it which virtual node it
+belongs to, so heartbeats, suspects and exclusions work per node exactly as on a real
+machine. Parsl runs the supervisor app through a HighThroughputExecutor on a
+LocalProvider block of one worker, the same executor type the batch sites use.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field
+
+from campaign.stagebase import StrictModel
+
+if TYPE_CHECKING:
+    from parsl.config import Config
+
+LABEL = "campaign"
+
+
+class LocalSite(StrictModel):
+    """Run on this machine; nodes are simulated as named groups of ranks."""
+
+    kind: Literal["local"] = "local"
+    """Site kind."""
+    nodes: int = Field(default=2, ge=1, le=64)
+    """Virtual nodes in the allocation."""
+    ranks_per_node: int = Field(default=1, ge=1, le=64)
+    """Ranks per virtual node."""
+    node_prefix: str = Field(default="local-n", pattern=r"^[A-Za-z][A-Za-z0-9-]*$")
+    """Virtual node names are this prefix plus 0, 1, ..."""
+
+    def node_names(self) -> list[str]:
+        return [f"{self.node_prefix}{i}" for i in range(self.nodes)]
+
+    @property
+    def launcher(self) -> str:
+        return "local"
+
+
+def parsl_config(site: LocalSite, run_dir: Path) -> Config:
+    """A fresh Parsl Config for one stage (Parsl configs must not be reused across loads)."""
+    from parsl.config import Config
+    from parsl.executors import HighThroughputExecutor
+    from parsl.launchers import SimpleLauncher
+    from parsl.providers import LocalProvider
+
+    # Workers must find this interpreter's process_worker_pool.py even when the user
+    # ran .venv/bin/campaign without activating the venv.
+    bindir = Path(sys.executable).parent
+    worker_init = f"export PATH={bindir}:$PATH"
+    executor = HighThroughputExecutor(
+        label=LABEL,
+        interchange_launch_cmd=[sys.executable, str(bindir / "interchange.py")],
+        address="127.0.0.1",
+        max_workers_per_node=1,
+        cores_per_worker=1,
+        heartbeat_period=5,
+        heartbeat_threshold=30,
+        provider=LocalProvider(
+            init_blocks=1, min_blocks=0, max_blocks=1, launcher=SimpleLauncher(), worker_init=worker_init
+        ),
+    )
+    return Config(
+        executors=[executor],
+        run_dir=str(run_dir),
+        strategy="none",
+        usage_tracking=0,
+        initialize_logging=True,
+    )

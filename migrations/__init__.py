@@ -1,0 +1,1 @@
+"""Alembic migrations of the ledger, shipped inside the package as `campaign.migrations`."""
