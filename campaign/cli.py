@@ -84,6 +84,7 @@ def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, new_ver
     from campaign import spec as spec_mod
 
     spec = spec_mod.load(file)
+    spec_mod.check_faults_allowed(spec, str(file))
     if dry_run:
         from campaign.dryrun import render_dry_run
 
@@ -94,7 +95,7 @@ def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, new_ver
 
     ledger = _open(db_url, workdir)
     try:
-        engine = Engine(spec, ledger, workdir=workdir, progress=Progress(quiet=quiet))
+        engine = Engine(spec, ledger, workdir=workdir, progress=Progress(quiet=quiet), spec_dir=file.parent)
         code = engine.submit(file.read_text(), new_version=new_version)
     finally:
         ledger.close()
@@ -128,14 +129,12 @@ def status(name: str | None, db_url: str | None, workdir: Path, as_json: bool) -
                 summary = q.summarize_campaign(s, c)
     finally:
         ledger.close()
-    from rich.console import Console
-
     if as_json:
         click.echo(json.dumps(rows if name is None else summary, indent=2))
         return
-    from campaign.views import campaign_table, campaigns_table
+    from campaign.views import campaign_table, campaigns_table, console
 
-    Console(highlight=False).print(campaigns_table(rows) if name is None else campaign_table(summary))
+    console().print(campaigns_table(rows) if name is None else campaign_table(summary))
 
 
 def _campaign_row(s: Any, c: Any) -> dict[str, Any]:

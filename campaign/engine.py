@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from campaign import report, stages
+from campaign import reference, report, stages
 from campaign.errors import CampaignConflict
 from campaign.ledger import Ledger
 from campaign.ledger import queries as q
 from campaign.ledger.models import Attempt, Campaign, StageRun
 from campaign.progress import Progress
+from campaign.reference import Reference
 from campaign.spec import CampaignSpec
 from campaign.stagebase import StageSpec, Verdict
 from campaign.train.config import Fault, RunConfig, TrainerConfig
@@ -77,10 +78,37 @@ class StageContext:
     def ledger(self) -> Ledger:
         return self.engine.ledger
 
+    def reference_losses(self, ref: Reference) -> dict[int, float]:
+        """Losses by step of a reference: a ledger stage run or a CSV next to the campaign file."""
+        if ref.file:
+            path = Path(ref.file)
+            return reference.read_csv(path if path.is_absolute() else self.engine.spec_dir / path)
+        assert ref.stage_run is not None
+        return reference.from_ledger(self.ledger, ref.stage_run)
+
+    def steps_for_tokens(self, tokens: int, nodes: int | None) -> int:
+        """Steps that train at least `tokens` tokens at this stage's node count."""
+        from campaign.train.shapes import shape_for
+
+        t = self.spec.trainer
+        ranks = (nodes or self.spec.site.nodes) * self.spec.site.ranks_per_node
+        per_step = shape_for(self.spec.model).seq_len * t.micro_batch_size * t.grad_accum * ranks
+        return -(-tokens // per_step)
+
+    def show_table(self, title: str, rows: list[dict[str, Any]], columns: list[str]) -> None:
+        self.engine.progress.table(f"{self.run.name}: {title}", rows, columns)
+
     def launch(self, *, steps: int, nodes: int | None = None, timeout_s: float, resume: bool = True,
                checkpoint_dir: Path | None = None, checkpoint_at: tuple[int, ...] = (), max_tokens: int | None = None,
-               faults: tuple[Fault, ...] = (), label: str = "") -> AttemptOutcome:
-        """Run one attempt of the trainer to `steps` on `nodes` active nodes and return its outcome."""
+               faults: tuple[Fault, ...] = (), label: str = "", train: dict[str, Any] | None = None,
+               interrupt: dict[str, Any] | None = None) -> AttemptOutcome:
+        """Run one attempt of the trainer to `steps` on `nodes` active nodes and return its outcome.
+
+        `resume`: continue from the newest complete checkpoint in `checkpoint_dir` (default:
+        the stage's). `train`: overrides of the spec's trainer section for this attempt.
+        `interrupt`: {"after_step": S, "signal": "SIGKILL"|"SIGTERM"}: the supervisor sends
+        the signal to the whole job once step S is reported (a deliberate interruption).
+        """
         site = self.spec.site
         n = nodes or site.nodes
         hosts = self.engine.pick_nodes(n)
@@ -95,12 +123,14 @@ class StageContext:
             number, attempt_id = a.number, a.id
         run_dir = Path(self.stage_dir / f"attempt-{number:03d}")
         run_dir.mkdir(parents=True, exist_ok=True)
+        trainer = self.spec.trainer.model_copy(update=train or {})
         config = TrainerConfig(
-            model=self.spec.model, data=self.spec.data, train=self.spec.trainer, faults=list(faults),
+            model=self.spec.model, data=self.spec.data, train=trainer, faults=list(faults),
             run=RunConfig(max_steps=steps, max_tokens=max_tokens, checkpoint_dir=str(ckpt),
                           checkpoint_at=list(checkpoint_at), resume=resume, attempt=number),
         )
         request = self.engine.attempt_request(run_dir, hosts, config, timeout_s, bool(faults), number)
+        request["interrupt"] = interrupt
         self.engine.progress.attempt_started(self.run.name, number, hosts, steps, label)
         future = self._supervisor_app()(request)
         offset = 0
@@ -168,8 +198,10 @@ def _summary(rep: dict[str, Any]) -> dict[str, Any]:
 class Engine:
     """Drives one campaign through its stages; the only writer of its ledger rows."""
 
-    def __init__(self, spec: CampaignSpec, ledger: Ledger, *, workdir: Path, progress: Progress | None = None) -> None:
+    def __init__(self, spec: CampaignSpec, ledger: Ledger, *, workdir: Path, progress: Progress | None = None,
+                 spec_dir: Path | None = None) -> None:
         self.spec, self.ledger = spec, ledger
+        self.spec_dir = (spec_dir or Path.cwd()).resolve()
         self.workdir = workdir.resolve()
         self.campaign_dir = self.workdir / spec.name
         self.progress = progress or Progress()
@@ -213,40 +245,46 @@ class Engine:
             runs = q.current_stage_runs(s, c)
             q.set_campaign_state(s, c, "running")
         self.progress.campaign_started(self.spec.name, self.ledger.display_url, len(runs))
-        failed: str | None = None
-        for run, stage in zip(runs, self.spec.stages):
+        todo = [(r, st) for r, st in zip(runs, self.spec.stages) if r.state != "passed"]
+        for run in runs:
             if run.state == "passed":
                 self.progress.stage_skipped(run.name, "passed earlier")
-                continue
+        if todo:
+            with self._parsl():
+                self._run_stages(todo)
+        return self._finish_campaign()
+
+    def _run_stages(self, todo: list[tuple[StageRun, StageSpec]]) -> None:
+        failed: str | None = None
+        for run, stage in todo:
             if failed is not None:
                 self._set_stage(run, "skipped", f"not run: stage {failed} failed")
                 continue
             verdict = self.run_stage(run, stage)
             if not verdict.passed and not stage.continue_on_failure:
                 failed = run.name
-        return self._finish_campaign()
+
+    def _parsl(self) -> Any:
+        """One Parsl DataFlowKernel (and one block) for the stages of this submission; a fresh
+        Config each time, as Parsl requires."""
+        import parsl
+
+        from campaign import executors
+
+        site_module = executors.module(self.spec.site.kind)
+        return parsl.load(site_module.parsl_config(self.spec.site, self.campaign_dir / "parsl"))
 
     def run_stage(self, run: StageRun, stage: StageSpec) -> Verdict:
         self._set_stage(run, "running")
         self.progress.stage_started(run.name, stage.kind, run.position, len(self.spec.stages))
         try:
-            verdict = self._run_with_parsl(run, stage)
+            verdict = stages.module(stage.kind).run(StageContext(self, run, stage), stage)
         except Exception as e:
             verdict = Verdict(False, f"stage crashed in the orchestrator: {type(e).__name__}: {e}",
                               {"traceback": traceback.format_exc(limit=5)})
         self._set_stage(run, "passed" if verdict.passed else "failed", verdict.reason, verdict.numbers)
         self.progress.stage_finished(run.name, verdict)
         return verdict
-
-    def _run_with_parsl(self, run: StageRun, stage: StageSpec) -> Verdict:
-        import parsl
-
-        from campaign import executors
-
-        site_module = executors.module(self.spec.site.kind)
-        config = site_module.parsl_config(self.spec.site, self.campaign_dir / "parsl")
-        with parsl.load(config):
-            return stages.module(stage.kind).run(StageContext(self, run, stage), stage)
 
     def _set_stage(self, run: StageRun, state: str, verdict: str | None = None,
                    numbers: dict[str, Any] | None = None) -> None:

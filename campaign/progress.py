@@ -16,6 +16,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
 
+HEADERS = {"step_time_s": "step s", "tokens_per_s": "tok/s", "comm_time_s": "comm s", "comm_share": "comm %",
+           "mem_peak_gib": "mem GiB", "last_loss": "loss", "efficiency": "eff"}
+"""Short column names for the tables printed during a run."""
 LOG_PERIOD_S = 10.0
 """Plain logs get at most one progress line per attempt per this many seconds."""
 
@@ -24,7 +27,9 @@ class Progress:
     """Receives engine events and renders them; `quiet=True` renders nothing."""
 
     def __init__(self, file: TextIO | None = None, *, quiet: bool = False, force_terminal: bool | None = None) -> None:
-        self.console = Console(file=file or sys.stdout, force_terminal=force_terminal, highlight=False, soft_wrap=True)
+        self.console = Console(file=file or sys.stdout, force_terminal=force_terminal, highlight=False)
+        if not self.console.is_terminal:
+            self.console = Console(file=file or sys.stdout, highlight=False, width=120)
         self.quiet = quiet
         self._bar: RichProgress | None = None
         self._task: Any = None
@@ -78,6 +83,13 @@ class Progress:
             extra += f"; {report['error']}"
         self._print(f"  attempt {number}: [{colour}]{cls}[/] (exit {report.get('exit_code')}) in "
                     f"{report.get('duration_s', 0):.1f} s, last step {report.get('last_step')}{escape(extra)}")
+
+    def table(self, title: str, rows: list[dict[str, Any]], columns: list[str]) -> None:
+        if self.quiet or not rows:
+            return
+        from campaign.views import rows_table
+
+        self.console.print(rows_table(title, rows, columns, HEADERS))
 
     def event(self, message: str) -> None:
         self._print(f"  [yellow]![/] {escape(message)}")

@@ -9,22 +9,34 @@ A campaign file holds `name`, `site`, `model`, `data`, `trainer` and an ordered 
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
+import re
+import types
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Union
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from campaign import executors as site_kinds
+from campaign import stages as stage_kinds
 from campaign import yamlfile
 from campaign.errors import SpecError
 from campaign.executors.local import LocalSite
 from campaign.stagebase import StageSpec, StrictModel
+from campaign.stages.long_run import LongRunStage
+from campaign.stages.loss_check import LossCheckStage
+from campaign.stages.resume_test import ResumeTestStage
+from campaign.stages.scaling import ScalingStage
 from campaign.stages.smoke import SmokeStage
 from campaign.train.config import DataConfig, ModelConfig, TrainConfig
 
 Site = Annotated[Union[LocalSite], Field(discriminator="kind")]
-Stage = Annotated[Union[SmokeStage], Field(discriminator="kind")]
+Stage = Annotated[
+    Union[SmokeStage, LossCheckStage, ScalingStage, LongRunStage, ResumeTestStage], Field(discriminator="kind")
+]
 
 
 class CampaignSpec(StrictModel):
@@ -55,6 +67,14 @@ class CampaignSpec(StrictModel):
         for i, stage in enumerate(self.stages):
             if stage.nodes is not None and stage.nodes > self.site.nodes:
                 raise ValueError(f"stages[{i}].nodes: {stage.nodes} nodes asked, but the site has {self.site.nodes}")
+            if isinstance(stage, ScalingStage):
+                try:
+                    stage.check_batch(self.trainer.micro_batch_size)
+                except ValueError as e:
+                    raise ValueError(f"stages[{i}].batch: {e}") from None
+            counts = getattr(stage, "node_counts", None) or []
+            if counts and counts[-1] > self.site.nodes:
+                raise ValueError(f"stages[{i}].node_counts: {counts[-1]} nodes asked, but the site has {self.site.nodes}")
         return self
 
     def stage(self, name: str) -> StageSpec:
@@ -72,6 +92,18 @@ class CampaignSpec(StrictModel):
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
 
+def check_faults_allowed(spec: CampaignSpec, source: str) -> None:
+    """Fault injection is for tests and drills: refuse it unless CAMPAIGN_ALLOW_FAULTS=1."""
+    import os
+
+    if os.environ.get("CAMPAIGN_ALLOW_FAULTS") == "1":
+        return
+    problems = [f"stages[{i}].faults: fault injection is for tests and drills; set CAMPAIGN_ALLOW_FAULTS=1 to run it"
+                for i, st in enumerate(spec.stages) if getattr(st, "faults", None)]
+    if problems:
+        raise SpecError(source, problems)
+
+
 def load(path: str | Path) -> CampaignSpec:
     """Load and validate a campaign file; raise SpecError naming file, line and field."""
     data, lines = yamlfile.load(path)
@@ -87,18 +119,114 @@ def parse(data: Any, source: str = "<spec>", lines: yamlfile.Lines | None = None
 
 
 def _problem(err: Any, source: str, lines: yamlfile.Lines) -> str:
+    """One pydantic error as `field: message (file, line N)`, in words a user can act on."""
     loc = _data_path(err["loc"])
     msg = err["msg"].removeprefix("Value error, ")
-    if msg.startswith("stages[") and ":" in msg:  # a model validator that names its own field
-        field, _, msg = msg.partition(": ")
-        loc = _parse_dotted(field)
-    elif err["type"] == "extra_forbidden":
-        msg = "unknown key (check the spelling; `campaign validate --help` lists the fields)"
-    elif err["type"] == "missing":
-        msg = "required field is missing"
-    line = _line(loc, lines)
-    where = f"{Path(source).name}, line {line}" if line else Path(source).name
-    return f"{yamlfile.dotted(loc) or '(top level)'}: {msg} ({where})"
+    own = _OWN_FIELD.match(msg) if err["type"] == "value_error" else None
+    if own:  # a validator that names its own field: "stages[1]: ..." or "data.path is required ..."
+        loc, msg = _parse_dotted(own["field"]), msg[own.end():]
+    else:
+        loc, msg = _explain(err, loc)
+    return yamlfile.problem(source, loc, msg, _line(loc, lines))
+
+
+def _explain(err: Any, loc: tuple[Any, ...]) -> tuple[tuple[Any, ...], str]:
+    """Rewrite pydantic's wording (`Input should be ...`) for the common error types."""
+    kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
+    what = "stage" if loc[:1] == ("stages",) else "site" if loc[:1] == ("site",) else "kind of"
+    known = ", ".join(stage_kinds.KINDS if what == "stage" else site_kinds.KINDS if what == "site" else ())
+    if kind == "union_tag_invalid":
+        return loc + ("kind",), f"unknown {what} kind {ctx.get('tag')!r}; known: {known or ctx.get('expected_tags')}"
+    if kind == "union_tag_not_found":
+        return loc + ("kind",), f"required field is missing; known {what} kinds: {known}"
+    if kind == "extra_forbidden":
+        return loc, _unknown_key(err["loc"])
+    if kind == "missing":
+        return loc, "required field is missing"
+    if kind in _BOUNDS:
+        op, key = _BOUNDS[kind]
+        return loc, f"must be {op} {ctx.get(key)}, got {_show(value)}"
+    if kind == "string_pattern_mismatch" and "{0,63}" in str(ctx.get("pattern")):
+        return loc, (f"{_show(value)} is not a valid name: use letters, digits, '.', '_' and '-', "
+                     "starting with a letter or digit, at most 64 characters")
+    if kind == "literal_error":
+        return loc, f"must be one of {ctx.get('expected')}; got {_show(value)}"
+    if kind == "too_short":
+        items = "stage" if loc == ("stages",) else "item"
+        return loc, f"must list at least {ctx.get('min_length')} {items}, got {ctx.get('actual_length')}"
+    if kind in _TYPES:
+        return loc, f"must be {_TYPES[kind]}, got {_show(value)}"
+    return loc, str(err["msg"]).removeprefix("Value error, ")
+
+
+def _unknown_key(raw_loc: tuple[Any, ...]) -> str:
+    model = _model_at(raw_loc[:-1])
+    if model is None:
+        return "unknown key"
+    fields = list(model.model_fields)
+    close = difflib.get_close_matches(str(raw_loc[-1]), fields, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown key{hint} (known here: {', '.join(fields)})"
+
+
+def _model_at(raw_loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model class that holds the value at pydantic's `raw_loc` (tags included), if any."""
+    tp: Any = CampaignSpec
+    for part in raw_loc:
+        tp = _unwrap(tp)
+        if isinstance(part, int) and typing.get_origin(tp) is list:
+            tp = typing.get_args(tp)[0]
+        elif typing.get_origin(tp) is Union:  # a discriminated union: `part` is the tag
+            tp = next((m for m in typing.get_args(tp) if _tag_of(m) == part), None)
+        elif isinstance(tp, type) and issubclass(tp, BaseModel) and part == _tag_of(tp):
+            continue  # a one-member union collapses to its model; pydantic still names the tag
+        elif isinstance(tp, type) and issubclass(tp, BaseModel) and part in tp.model_fields:
+            tp = tp.model_fields[part].annotation
+        else:
+            return None
+    tp = _unwrap(tp)
+    return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
+
+
+def _unwrap(tp: Any) -> Any:
+    while typing.get_origin(tp) is Annotated:
+        tp = typing.get_args(tp)[0]
+    if typing.get_origin(tp) in (Union, types.UnionType):  # `X | None`: the X
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            tp = args[0]
+        elif typing.get_origin(tp) is types.UnionType:
+            tp = Union[tuple(args)]
+    return tp
+
+
+def _tag_of(model: Any) -> Any:
+    field = getattr(model, "model_fields", {}).get("kind")
+    return field.default if field is not None else None
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value)
+
+
+_OWN_FIELD = re.compile(r"^(?P<field>stages\[\d+\](?:\.\w+)*|[a-z_]+(?:\.\w+)+)(?:: | is (?=required))")
+_BOUNDS = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"),
+           "less_than_equal": ("<=", "le"), "less_than": ("<", "lt")}
+_TYPES = {
+    "int_parsing": "a whole number", "int_type": "a whole number", "int_from_float": "a whole number",
+    "float_parsing": "a number", "float_type": "a number", "bool_parsing": "true or false", "bool_type": "true or false",
+    "string_type": "text", "list_type": "a list (one `- item` per line)",
+    "model_type": "a mapping (`key: value` lines)", "dict_type": "a mapping (`key: value` lines)",
+    "model_attributes_type": "a mapping (`key: value` lines)",
+}
 
 
 def _data_path(loc: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -128,5 +256,5 @@ def _line(loc: tuple[Any, ...], lines: yamlfile.Lines) -> int | None:
     return None
 
 
-_TAGS = {"smoke"}
-_SITE_TAGS = {"local"}
+_TAGS = set(stage_kinds.KINDS)
+_SITE_TAGS = set(site_kinds.KINDS)

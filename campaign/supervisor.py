@@ -102,10 +102,11 @@ def supervise(request: dict[str, Any]) -> dict[str, Any]:
     code = _exit_code(job, killed_by)
     metrics, _ = report.read_metrics(run_dir)
     last_step = metrics[-1]["step"] if metrics else None
-    suspects = _suspects(request, run_dir, failure, killed_by)
+    suspects = [] if killed_by == "interrupt" else _suspects(request, run_dir, failure, killed_by)
+    exit_class = "cancelled" if killed_by == "interrupt" else exits.classify(code, suspects=bool(suspects))
     out = AttemptReport(
         exit_code=code,
-        exit_class=exits.classify(code, suspects=bool(suspects)),
+        exit_class=exit_class,
         duration_s=round(duration, 3),
         nodes=list(request["hosts"]),
         killed_by=killed_by,
@@ -152,19 +153,38 @@ def _start(request: dict[str, Any], run_dir: Path) -> tuple[_Job, list[str]]:
 def _watch(job: _Job, request: dict[str, Any], start: float) -> str | None:
     """Wait for the job; return why the supervisor killed it, or None if it ended by itself."""
     timeout = float(request["timeout_s"])
+    interrupt = request.get("interrupt")
+    progress = _Progress(Path(request["run_dir"]))
+    interrupted = False
     while True:
         now = time.time()
         job.poll(now)
         if job.done:
-            return None
+            return "interrupt" if interrupted else None
         if now - start > timeout:
             job.stop(time.time)
             return "timeout"
+        if interrupt and not interrupted and progress.last_step() >= int(interrupt["after_step"]):
+            job.signal(getattr(signal, interrupt.get("signal", "SIGKILL")))
+            interrupted = True
         failure = job.first_failure()
         if failure is not None and now - failure[3] > FAILED_RANK_GRACE_S:
             job.stop(time.time)
             return "failed_rank"
         time.sleep(POLL_S)
+
+
+class _Progress:
+    """The newest step in metrics.jsonl, read incrementally."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir, self.offset, self.step = run_dir, 0, 0
+
+    def last_step(self) -> int:
+        rows, self.offset = report.read_metrics(self.run_dir, self.offset)
+        if rows:
+            self.step = int(rows[-1]["step"])
+        return self.step
 
 
 def _exit_code(job: _Job, killed_by: str | None) -> int:

@@ -34,11 +34,12 @@ def _state(s: str) -> str:
 
 def campaign_table(summary: dict[str, Any]) -> Table:
     """One campaign's stages (the `status --json` shape) as a table."""
-    t = Table(title=f"campaign {summary['name']} — {summary['state']}", title_justify="left", expand=False)
+    t = Table(title=f"campaign {summary['name']} — {summary['state']}", title_justify="left", expand=True)
     for col, kw in (("#", {"justify": "right"}), ("stage", {}), ("kind", {}), ("state", {}),
                     ("attempts", {"justify": "right"}), ("tokens", {"justify": "right"}),
-                    ("last loss", {"justify": "right"}), ("verdict", {"overflow": "fold"})):
-        t.add_column(col, **kw)
+                    ("last loss", {"justify": "right"})):
+        t.add_column(col, no_wrap=True, **kw)
+    t.add_column("verdict", overflow="fold", ratio=1, min_width=24)
     for i, st in enumerate(summary["stages"], 1):
         t.add_row(str(i), st["name"], st["kind"], _state(st["state"]), str(st["attempts"]), fmt_tokens(st["tokens"]),
                   fmt_loss(st["last_loss"]), st["verdict"] or "")
@@ -56,3 +57,33 @@ def campaigns_table(rows: list[dict[str, Any]]) -> Table:
         t.add_row(r["name"], r["site"], _state(r["state"]), r["stage"] or "-", fmt_tokens(r["tokens"]),
                   fmt_loss(r["last_loss"]), r["updated"])
     return t
+
+
+def fmt_value(v: Any) -> str:
+    """A table cell: floats with 4 significant digits, thousands separators for big ones."""
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}" if abs(v) < 1 else f"{v:.4g}"
+    return str(v)
+
+
+def rows_table(title: str, rows: list[dict[str, Any]], columns: list[str],
+               headers: dict[str, str] | None = None) -> Table:
+    """A plain table of dict rows (e.g. the scaling table); `headers` renames columns."""
+    t = Table(title=title, title_justify="left")
+    for c in columns:
+        t.add_column((headers or {}).get(c, c), justify="right", no_wrap=True)
+    for r in rows:
+        t.add_row(*(fmt_value(r.get(c)) for c in columns))
+    return t
+
+
+def console(file: Any = None) -> Any:
+    """A Rich console: the terminal's width on a TTY, 120 columns in logs and pipes."""
+    from rich.console import Console
+
+    c = Console(file=file, highlight=False, soft_wrap=False)
+    if not c.is_terminal:
+        c = Console(file=file, highlight=False, width=120)
+    return c

@@ -1,4 +1,4 @@
-"""Stage kinds: one module each (`smoke`, ...). `KINDS` maps a kind to its module name.
+"""Stage kinds: one module each (`smoke`, `loss_check`, `scaling`, `long_run`, `resume_test`). `KINDS` maps a kind to its module name.
 
 Installed as `campaign.stages`, so Parsl workers and the engine import
 `campaign.stages.smoke` by reference from the installed package.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-KINDS = ("smoke",)
+KINDS = ("smoke", "loss_check", "scaling", "long_run", "resume_test")
 
 
 def module(kind: str) -> ModuleType:

@@ -59,6 +59,9 @@ def make_engine(url: str) -> sa.Engine:
         return sa.create_engine(parsed, pool_pre_ping=True)
     except ModuleNotFoundError as e:
         raise LedgerError(f"no driver for {parsed.drivername}: {e}; for Postgres: pip install 'campaign[postgres]'") from None
+    except sa.exc.NoSuchModuleError:
+        raise LedgerError(f"unsupported database {parsed.drivername!r} in {parsed.render_as_string(hide_password=True)}: "
+                          "the ledger is SQLite (sqlite:///path/ledger.db) or Postgres (postgresql://host/db)") from None
 
 
 @dataclass

@@ -125,9 +125,8 @@ def ingest_steps(s: Session, a: Attempt, rows: Sequence[dict[str, Any]]) -> int:
     values = [_step_values(a.id, r) for r in rows if "step" in r and "tokens" in r]
     if not values:
         return 0
-    insert = _insert_ignore(s)
-    result = s.execute(insert, values)
-    inserted = max(result.rowcount or 0, 0)
+    # RETURNING counts the rows really inserted; rowcount is -1 for an executemany on psycopg.
+    inserted = len(s.execute(_insert_ignore(s).returning(StepMetric.__table__.c.id), values).all())
     last = max(values, key=lambda v: v["step"])
     if a.last_step is None or last["step"] >= a.last_step:
         a.last_step, a.tokens, a.last_loss = last["step"], last["tokens"], last["loss"]
@@ -157,7 +156,8 @@ def _step_values(attempt_id: int, r: dict[str, Any]) -> dict[str, Any]:
         v = r.get(k)
         out[k] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
     if out["loss"] is None and isinstance(r.get("loss"), float):
-        out["loss"] = float("nan")  # a non-finite loss is evidence: keep it
+        # A non-finite loss is evidence: keep it, as +inf, since SQLite stores NaN as NULL.
+        out["loss"] = math.inf
     return out
 
 
@@ -226,7 +226,7 @@ def summarize_campaign(s: Session, c: Campaign) -> dict[str, Any]:
     """The shape `campaign status NAME --json` prints (scripts rely on it: add keys, never change them)."""
     stages = [
         {"name": r.name, "kind": r.kind, "state": r.state, "attempts": r.attempts_count, "tokens": int(r.tokens),
-         "last_loss": r.last_loss, "verdict": r.verdict}
+         "last_loss": _jsonable(r.last_loss), "verdict": r.verdict}
         for r in current_stage_runs(s, c)
     ]
     excluded = sorted({e.node for e in list_exclusions(s, c.site)})

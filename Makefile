@@ -1,0 +1,40 @@
+# Two commands do everything on a fresh machine:
+#   make demo   set up .venv, then run the whole local campaign (examples/local.yaml) and show its status
+#   make test   set up .venv and the system packages the tests use, then run the test suite
+# TORCH is what gets installed when the venv has no torch yet; on a machine whose torch
+# is already suitable (e.g. a venv made with --system-site-packages on Aurora) nothing is replaced.
+
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+TORCH ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-fast setup system-deps clean
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/campaign submit examples/local.yaml
+	$(VENV)/bin/campaign status local-demo
+
+test: $(VENV)/.installed system-deps
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[test,postgres,plot]"
+	touch $@
+
+# MPICH's mpiexec (the launcher tests run it for real). The Slurm cluster script installs
+# slurm-wlm and munge itself when its tests start it.
+system-deps:
+	@command -v mpiexec.hydra >/dev/null 2>&1 || command -v mpiexec.mpich >/dev/null 2>&1 || \
+	  { echo "installing Debian's mpich"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mpich >/dev/null; }
+
+clean:
+	rm -rf $(VENV) campaigns build *.egg-info

@@ -1,0 +1,117 @@
+"""The `resume_test` stage: checkpoint, interrupt, resume, and compare with an uninterrupted run.
+
+1. reference: an uninterrupted run from step 1 to `steps`;
+2. for each signal (SIGKILL, SIGTERM): a run with a checkpoint at `checkpoint_step`, sent the
+   signal once step `interrupt_step` is reported (mid-training), then resumed to `steps`;
+3. the resumed losses must equal the reference bit for bit (`tolerance: 0`, deterministic
+   runs) or within the tolerance; tokens must continue without a gap or repeat.
+The verdict names the first step that differs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field, model_validator
+
+from campaign.stagebase import StageSpec, Verdict
+from campaign.train.config import Fault
+
+if TYPE_CHECKING:
+    from campaign.engine import AttemptOutcome, StageContext
+
+
+class ResumeTestStage(StageSpec):
+    """Interrupt a run after a checkpoint, resume it, and compare with an uninterrupted one."""
+
+    kind: Literal["resume_test"] = "resume_test"
+    """Stage kind."""
+    checkpoint_step: int = Field(default=10, ge=1)
+    """Step at which the interrupted run saves its checkpoint."""
+    interrupt_step: int = Field(default=12, ge=1)
+    """The job is interrupted once this step is reported (after the checkpoint)."""
+    steps: int = Field(default=16, ge=2)
+    """Last step of both runs."""
+    signals: list[Literal["SIGKILL", "SIGTERM"]] = Field(default=["SIGKILL", "SIGTERM"], min_length=1)
+    """How to interrupt; each signal is its own interrupted-and-resumed run."""
+    tolerance: float = Field(default=0.0, ge=0)
+    """Largest allowed |resumed - reference| loss per step (0: bit for bit)."""
+    faults: list[Fault] = []
+    """Deliberate faults for tests (needs CAMPAIGN_ALLOW_FAULTS=1), e.g. data_off_by_one."""
+
+    @model_validator(mode="after")
+    def _order(self) -> ResumeTestStage:
+        if not self.checkpoint_step < self.interrupt_step < self.steps:
+            raise ValueError(f"need checkpoint_step < interrupt_step < steps, got {self.checkpoint_step}, "
+                             f"{self.interrupt_step}, {self.steps}")
+        return self
+
+
+def run(ctx: StageContext, stage: ResumeTestStage) -> Verdict:
+    no_ckpt = {"checkpoint_every": 0}
+    reference = ctx.launch(steps=stage.steps, nodes=stage.nodes, timeout_s=stage.timeout_s, resume=False,
+                           checkpoint_dir=ctx.stage_dir / "checkpoints-reference", label="reference", train=no_ckpt)
+    if reference.exit_code != 0:
+        return Verdict(False, f"the uninterrupted reference run exited {reference.exit_code} ({reference.exit_class})",
+                       {"exit_code": reference.exit_code})
+    checks = []
+    for sig in stage.signals:
+        ckpt = ctx.stage_dir / f"checkpoints-{sig.lower()}"
+        cut = ctx.launch(steps=stage.steps, nodes=stage.nodes, timeout_s=stage.timeout_s, resume=False,
+                         checkpoint_dir=ckpt, checkpoint_at=(stage.checkpoint_step,), label=f"{sig} at step "
+                         f"{stage.interrupt_step}", train=no_ckpt,
+                         interrupt={"after_step": stage.interrupt_step, "signal": sig})
+        resumed = ctx.launch(steps=stage.steps, nodes=stage.nodes, timeout_s=stage.timeout_s, resume=True,
+                             checkpoint_dir=ckpt, label=f"resume after {sig}", train=no_ckpt,
+                             faults=tuple(stage.faults))
+        checks.append(compare(sig, reference.metrics, cut.as_dict(), resumed.as_dict(), stage.tolerance))
+    return judge(checks)
+
+
+def compare(signal: str, reference: list[dict[str, Any]], cut: dict[str, Any], resumed: dict[str, Any],
+            tolerance: float) -> dict[str, Any]:
+    """One interrupted-and-resumed run against the reference (plain data in, plain data out)."""
+    out: dict[str, Any] = {"signal": signal, "cut_exit_code": cut.get("exit_code"), "cut_last_step": cut.get("last_step"),
+                           "resume_exit_code": resumed.get("exit_code")}
+    rows = resumed.get("metrics", [])
+    if resumed.get("exit_code") != 0 or not rows:
+        out["problem"] = f"the resumed run exited {resumed.get('exit_code')} ({resumed.get('exit_class')})"
+        return out
+    ref = {m["step"]: m for m in reference}
+    first = rows[0]["step"]
+    out["resumed_from_step"] = first - 1
+    out["first_differing_step"] = None
+    out["max_abs_diff"] = 0.0
+    if first - 1 not in ref and first != 1:
+        out["problem"] = f"the resumed run started at step {first}, which the reference never reached"
+        return out
+    expected_tokens = ref[first]["tokens"] if first in ref else None
+    if rows[0]["tokens"] != expected_tokens:
+        out["problem"] = (f"tokens do not continue: resumed step {first} reports {rows[0]['tokens']} tokens, "
+                          f"the reference {expected_tokens}")
+        return out
+    for m in rows:
+        r = ref.get(m["step"])
+        if r is None:
+            continue
+        diff = abs(m["loss"] - r["loss"]) if math.isfinite(m["loss"]) else math.inf
+        out["max_abs_diff"] = max(out["max_abs_diff"], diff)
+        if diff > tolerance and out["first_differing_step"] is None:
+            out["first_differing_step"] = m["step"]
+            out["problem"] = (f"loss differs first at step {m['step']}: resumed {m['loss']!r} vs reference "
+                              f"{r['loss']!r} (|diff| {diff:.3g} > {tolerance:g})")
+    return out
+
+
+def judge(checks: list[dict[str, Any]]) -> Verdict:
+    """Pure verdict over the per-signal comparisons."""
+    numbers = {"checks": checks}
+    for c in checks:
+        if c.get("problem"):
+            return Verdict(False, f"after {c['signal']}: {c['problem']}", numbers)
+    parts = []
+    for c in checks:
+        exact = "bit for bit" if c["max_abs_diff"] == 0 else f"max |diff| {c['max_abs_diff']:.3g}"
+        parts.append(f"{c['signal']}: resumed from step {c['resumed_from_step']}, equal {exact}")
+    return Verdict(True, "; ".join(parts), numbers)

@@ -1,0 +1,157 @@
+"""The `scaling` stage: the same steps at each node count, then weak-scaling efficiency.
+
+Per node count it records the median step time (warm-up steps excluded), tokens/s,
+collective time and its share of the step, peak memory and the loss at the last step.
+Efficiency is the per-node throughput at each count over that at the smallest count
+(weak scaling: the per-rank batch is fixed), or the speed-up over that count divided by the
+node ratio (strong scaling: the global batch is fixed). Passes when every count's efficiency is at
+least `min_efficiency` and its last loss is within `loss_tolerance` of the reference
+(by default the smallest count's run).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from campaign.reference import Reference
+from campaign.stagebase import StageSpec, Verdict
+
+if TYPE_CHECKING:
+    from campaign.engine import StageContext
+
+EPS = 1e-9
+
+
+class ScalingStage(StageSpec):
+    """The same number of steps at each node count; efficiency and loss must hold up."""
+
+    kind: Literal["scaling"] = "scaling"
+    """Stage kind."""
+    node_counts: list[int] = Field(default=[1, 2], min_length=1)
+    """Node counts to measure, e.g. [1, 2, 4, 8] (ascending, no repeats)."""
+    batch: Literal["weak", "strong"] = "weak"
+    """`weak`: the per-rank batch stays fixed (the global batch grows with the nodes);
+    `strong`: the global batch of the smallest count stays fixed (per-rank batch shrinks),
+    so every count follows the same loss curve."""
+    steps: int = Field(default=20, ge=2)
+    """Steps at each node count."""
+    warmup_steps: int = Field(default=5, ge=0)
+    """Leading steps left out of the medians (compilation, allocator warm-up)."""
+    min_efficiency: float = Field(default=0.7, ge=0, le=1.5)
+    """Lowest acceptable weak-scaling efficiency at any count."""
+    loss_tolerance: float = Field(default=0.10, ge=0)
+    """Largest allowed |last loss - reference loss| at any count."""
+    reference: Reference | None = None
+    """Reference losses (default: the smallest count's own run)."""
+
+    @field_validator("node_counts")
+    @classmethod
+    def _ascending(cls, v: list[int]) -> list[int]:
+        if any(n < 1 for n in v):
+            raise ValueError("every node count must be >= 1")
+        if v != sorted(set(v)):
+            raise ValueError(f"node counts must be ascending without repeats, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _warmup_fits(self) -> ScalingStage:
+        if self.warmup_steps >= self.steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be less than steps ({self.steps})")
+        if self.nodes is not None:
+            raise ValueError("scaling uses node_counts, not nodes")
+        return self
+
+    def check_batch(self, micro_batch_size: int) -> None:
+        """Strong scaling needs a global batch that every node count divides."""
+        if self.batch == "strong":
+            for n in self.node_counts:
+                strong_micro_batch(micro_batch_size, self.node_counts[0], n)
+
+
+def run(ctx: StageContext, stage: ScalingStage) -> Verdict:
+    rows = []
+    for n in stage.node_counts:
+        train: dict[str, Any] = {"checkpoint_every": 0}
+        if stage.batch == "strong":
+            train["micro_batch_size"] = strong_micro_batch(ctx.spec.trainer.micro_batch_size, stage.node_counts[0], n)
+        outcome = ctx.launch(steps=stage.steps, nodes=n, timeout_s=stage.timeout_s, resume=False,
+                             checkpoint_dir=ctx.stage_dir / f"checkpoints-{n}n", label=f"{n} node(s)", train=train)
+        row = measure(outcome.metrics, nodes=n, warmup=stage.warmup_steps)
+        row.update(ranks=outcome.world_size, exit_code=outcome.exit_code, exit_class=outcome.exit_class,
+                   attempt=outcome.number)
+        rows.append(row)
+        if outcome.exit_code != 0:
+            break
+    reference = ctx.reference_losses(stage.reference) if stage.reference else None
+    verdict = judge(rows, stage, reference)
+    ctx.show_table("scaling table", rows, ["nodes", "ranks", "step_time_s", "tokens_per_s", "comm_time_s", "comm_share",
+                                     "mem_peak_gib", "last_loss", "efficiency"])
+    return verdict
+
+
+def strong_micro_batch(base: int, base_nodes: int, nodes: int) -> int:
+    """Per-rank batch at `nodes` that keeps the global batch of `base_nodes` (must divide)."""
+    total = base * base_nodes
+    if total % nodes:
+        raise ValueError(f"strong scaling: the global batch {total} does not split evenly over {nodes} nodes")
+    return total // nodes
+
+
+def measure(metrics: list[dict[str, Any]], *, nodes: int, warmup: int) -> dict[str, Any]:
+    """One row of the scaling table from one attempt's step metrics."""
+    steady = [m for m in metrics if m["step"] > warmup] or metrics
+    row: dict[str, Any] = {"nodes": nodes, "steps": len(metrics)}
+    for key in ("step_time_s", "tokens_per_s", "comm_time_s"):
+        vals = [m[key] for m in steady if m.get(key) is not None]
+        row[key] = statistics.median(vals) if vals else None
+    mems = [m["mem_peak_gib"] for m in metrics if m.get("mem_peak_gib") is not None]
+    row["mem_peak_gib"] = max(mems) if mems else None
+    row["comm_share"] = (row["comm_time_s"] / row["step_time_s"]
+                         if row["comm_time_s"] is not None and row["step_time_s"] else None)
+    row["last_loss"] = metrics[-1]["loss"] if metrics else None
+    row["last_step"] = metrics[-1]["step"] if metrics else None
+    return row
+
+
+def judge(rows: list[dict[str, Any]], stage: ScalingStage, reference: dict[int, float] | None) -> Verdict:
+    """Pure verdict over the per-count rows (efficiency is filled in here)."""
+    numbers: dict[str, Any] = {"table": rows, "min_efficiency": stage.min_efficiency}
+    done = {r["nodes"] for r in rows if r.get("exit_code") == 0 and r.get("last_step") == stage.steps}
+    missing = [n for n in stage.node_counts if n not in done]
+    _efficiency(rows)
+    if missing:
+        bad = next((r for r in rows if r["nodes"] == missing[0]), None)
+        why = f"exited {bad['exit_code']} ({bad['exit_class']}) at step {bad['last_step']}" if bad else "did not run"
+        return Verdict(False, f"{missing[0]} node(s): {why}", numbers)
+    base = rows[0]
+    ref_loss = reference.get(stage.steps) if reference is not None else base["last_loss"]
+    if ref_loss is None:
+        return Verdict(False, f"the reference has no loss at step {stage.steps}", numbers)
+    problems = []
+    for r in rows:
+        if r["efficiency"] is None:
+            problems.append(f"{r['nodes']} node(s): no tokens/s reported")
+        elif r["efficiency"] + EPS < stage.min_efficiency:
+            problems.append(f"{r['nodes']} node(s): efficiency {r['efficiency']:.2f} below {stage.min_efficiency:g}")
+        loss = r["last_loss"]
+        if loss is None or not math.isfinite(loss) or abs(loss - ref_loss) > stage.loss_tolerance + EPS:
+            problems.append(f"{r['nodes']} node(s): loss {loss} vs reference {ref_loss:.4f} outside ±{stage.loss_tolerance:g}")
+    top = rows[-1]
+    summary = (f"{len(rows)} node counts; efficiency at {top['nodes']} node(s) {top['efficiency']:.2f}; "
+               f"tokens/s {base['tokens_per_s']:,.0f} -> {top['tokens_per_s']:,.0f}")
+    if problems:
+        return Verdict(False, "; ".join(problems), numbers)
+    return Verdict(True, summary, numbers)
+
+
+def _efficiency(rows: list[dict[str, Any]]) -> None:
+    """Per-node throughput relative to the smallest count; the same formula serves weak and
+    strong scaling (tokens/s per node, whatever the batch)."""
+    base = rows[0] if rows else None
+    for r in rows:
+        ok = base and base.get("tokens_per_s") and r.get("tokens_per_s")
+        r["efficiency"] = (r["tokens_per_s"] / r["nodes"]) / (base["tokens_per_s"] / base["nodes"]) if ok else None
