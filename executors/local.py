@@ -73,6 +73,7 @@ def parsl_config(site: LocalSite, run_dir: Path) -> Config:
         executors=[executor],
         run_dir=str(run_dir),
         strategy="none",
+        strategy_period=1,  # the first block starts at the first poll: do not wait the default 5 s
         usage_tracking=0,
         initialize_logging=True,
     )
