@@ -133,12 +133,13 @@ def _problem(err: Any, source: str, lines: yamlfile.Lines) -> str:
 def _explain(err: Any, loc: tuple[Any, ...]) -> tuple[tuple[Any, ...], str]:
     """Rewrite pydantic's wording (`Input should be ...`) for the common error types."""
     kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
-    what = "stage" if loc[:1] == ("stages",) else "site" if loc[:1] == ("site",) else "kind of"
-    known = ", ".join(stage_kinds.KINDS if what == "stage" else site_kinds.KINDS if what == "site" else ())
+    what = "stage " if len(loc) == 2 and loc[0] == "stages" else "site " if loc == ("site",) else ""
+    kinds = stage_kinds.KINDS if what == "stage " else site_kinds.KINDS if what == "site " else ()
+    known = str(ctx.get("expected_tags") or ", ".join(kinds)).replace("'", "")
     if kind == "union_tag_invalid":
-        return loc + ("kind",), f"unknown {what} kind {ctx.get('tag')!r}; known: {known or ctx.get('expected_tags')}"
+        return loc + ("kind",), f"unknown {what}kind {ctx.get('tag')!r}; known: {known}"
     if kind == "union_tag_not_found":
-        return loc + ("kind",), f"required field is missing; known {what} kinds: {known}"
+        return loc + ("kind",), f"required field is missing; known {what}kinds: {known}"
     if kind == "extra_forbidden":
         return loc, _unknown_key(err["loc"])
     if kind == "missing":

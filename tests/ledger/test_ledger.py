@@ -1,0 +1,464 @@
+"""The ledger contract, on SQLite and on the real PostgreSQL: creation and migration,
+campaigns and stage runs, idempotent metric ingestion, exclusions, events, the Alembic
+tree (one head, downgrade/upgrade round trips) and the refusal of out-of-date schemas."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from campaign.errors import LedgerError, SchemaOutOfDate
+from campaign.ledger import Ledger, open_ledger, queries as q, schema
+from campaign.ledger.db import make_engine
+from campaign.ledger.models import Base, utcnow
+
+TABLES = {"campaign", "stage_run", "attempt", "step_metric", "checkpoint", "exclusion", "event"}
+
+
+def _revisions() -> list[str]:
+    """Every revision, oldest first (the tree must be linear: one head)."""
+    script = ScriptDirectory.from_config(schema.alembic_config())
+    return [r.revision for r in reversed(list(script.walk_revisions()))]
+
+
+REVISION_PAIRS = list(zip(["base", *_revisions()[:-1]], _revisions()))
+"""(older, newer) for every migration step; grows with the tree."""
+
+
+@pytest.fixture
+def ledger(ledger_url: str) -> Iterator[Ledger]:
+    led = open_ledger(ledger_url)
+    try:
+        yield led
+    finally:
+        led.close()
+
+
+def _tables(engine: sa.Engine) -> set[str]:
+    with engine.connect() as conn:
+        return set(sa.inspect(conn).get_table_names())
+
+
+def _revision(engine: sa.Engine) -> str | None:
+    with engine.connect() as conn:
+        return schema.current_revision(conn)
+
+
+def _new_campaign(led: Ledger, name: str = "demo", stages: tuple[tuple[str, str], ...] = (("smoke", "smoke"),)) -> None:
+    with led.session() as s:
+        c = q.create_campaign(s, name=name, digest="ab" * 32, spec_json={"name": name}, source=f"name: {name}\n",
+                              site="local", workdir="/tmp/w")
+        q.ensure_stage_runs(s, c, stages)
+
+
+def _attempt(led: Ledger, name: str = "demo", stage: str = "smoke") -> int:
+    with led.session() as s:
+        run = q.get_stage_run(s, name, stage)
+        assert run is not None
+        return q.create_attempt(s, run, nodes=["n0", "n1"], ranks_per_node=1, run_dir="/tmp/w/run").id
+
+
+def _steps(first: int, last: int, **override: Any) -> list[dict[str, Any]]:
+    rows = [{"step": i, "tokens": 1000 * i, "loss": 5.0 - 0.25 * i, "step_time_s": 0.5, "lr": 1e-3}
+            for i in range(first, last + 1)]
+    for row in rows:
+        row.update(override.get(f"step{row['step']}", {}))
+    return rows
+
+
+# --- opening and creating --------------------------------------------------------------
+
+def test_open_creates_and_migrates_a_new_database(ledger_url: str) -> None:
+    led = open_ledger(ledger_url)
+    try:
+        assert TABLES <= _tables(led.engine)
+        assert _revision(led.engine) == schema.head_revision()
+        with led.session() as s:
+            assert q.list_campaigns(s) == []
+    finally:
+        led.close()
+
+
+def test_schema_matches_the_models(ledger: Ledger) -> None:
+    """The migrations build exactly what models.py declares (nothing for autogenerate to add)."""
+    with ledger.engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
+    assert diff == []
+
+
+def test_sqlite_ledger_uses_wal_and_foreign_keys(tmp_path: Path) -> None:
+    led = open_ledger(f"sqlite:///{tmp_path / 'deep' / 'dir' / 'ledger.db'}")
+    try:
+        with led.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    finally:
+        led.close()
+    assert (tmp_path / "deep" / "dir" / "ledger.db").exists()
+
+
+def test_reopen_keeps_the_data(ledger_url: str) -> None:
+    led = open_ledger(ledger_url)
+    _new_campaign(led)
+    led.close()
+    led = open_ledger(ledger_url, create=False)
+    try:
+        with led.session() as s:
+            assert [c.name for c in q.list_campaigns(s)] == ["demo"]
+    finally:
+        led.close()
+
+
+def test_bad_url_is_a_ledger_error() -> None:
+    with pytest.raises(LedgerError, match="not a database URL"):
+        make_engine("not a url")
+    with pytest.raises(LedgerError, match="unsupported database 'nonsense'"):
+        make_engine("nonsense://host/db")
+
+
+@pytest.mark.postgres
+def test_unreachable_postgres_is_a_ledger_error() -> None:
+    with pytest.raises(LedgerError, match="cannot open the ledger at postgresql"):
+        open_ledger("postgresql://nobody@127.0.0.1:1/none?connect_timeout=2")
+
+
+# --- campaigns and stage runs ----------------------------------------------------------
+
+def test_create_and_read_campaigns(ledger: Ledger) -> None:
+    _new_campaign(ledger, "alpha", (("smoke", "smoke"), ("check", "loss_check")))
+    _new_campaign(ledger, "beta")
+    with ledger.session() as s:
+        c = q.get_campaign(s, "alpha")
+        assert c is not None
+        assert (c.name, c.version, c.state, c.site, c.spec_json) == ("alpha", 1, "pending", "local", {"name": "alpha"})
+        assert q.get_campaign(s, "gamma") is None
+        assert sorted(x.name for x in q.list_campaigns(s)) == ["alpha", "beta"]
+        runs = q.current_stage_runs(s, c)
+        assert [(r.position, r.name, r.kind, r.state, r.attempts_count) for r in runs] == [
+            (0, "smoke", "smoke", "pending", 0), (1, "check", "loss_check", "pending", 0)]
+        again = q.ensure_stage_runs(s, c, [("smoke", "smoke"), ("check", "loss_check")])
+        assert [r.id for r in again] == [r.id for r in runs], "ensure_stage_runs must not duplicate"
+
+
+def test_campaign_names_are_unique(ledger: Ledger) -> None:
+    _new_campaign(ledger, "alpha")
+    with pytest.raises(sa.exc.IntegrityError):
+        _new_campaign(ledger, "alpha")
+    with ledger.session() as s:
+        assert len(q.list_campaigns(s)) == 1
+
+
+def test_new_version_runs_stages_afresh(ledger: Ledger) -> None:
+    _new_campaign(ledger)
+    with ledger.session() as s:
+        c = q.get_campaign(s, "demo")
+        first = q.current_stage_runs(s, c)[0]
+        q.set_stage_state(s, first, "passed", verdict="ok")
+        q.bump_campaign_version(s, c, digest="cd" * 32, spec_json={"v": 2}, source="v2")
+        runs = q.ensure_stage_runs(s, c, [("smoke", "smoke")])
+        assert c.version == 2 and runs[0].id != first.id and runs[0].state == "pending"
+        assert q.get_stage_run(s, "demo", "smoke").id == runs[0].id
+
+
+def test_summary_has_the_documented_shape(ledger: Ledger) -> None:
+    _new_campaign(ledger, "demo", (("smoke", "smoke"), ("check", "loss_check")))
+    attempt_id = _attempt(ledger)
+    with ledger.session() as s:
+        a = s.get(q.Attempt, attempt_id)
+        q.ingest_steps(s, a, _steps(1, 4))
+        q.set_stage_state(s, a.stage_run, "passed", verdict="every rank reported")
+        q.exclude_node(s, site="local", node="n1", reason="slow")
+        q.exclude_node(s, site="aurora", node="x1000c0s0b0n0", reason="elsewhere")
+        summary = q.summarize_campaign(s, q.get_campaign(s, "demo"))
+    assert summary == {
+        "name": "demo", "state": "pending",
+        "stages": [
+            {"name": "smoke", "kind": "smoke", "state": "passed", "attempts": 1, "tokens": 4000, "last_loss": 4.0,
+             "verdict": "every rank reported"},
+            {"name": "check", "kind": "loss_check", "state": "pending", "attempts": 0, "tokens": 0, "last_loss": None,
+             "verdict": None},
+        ],
+        "excluded_nodes": ["n1"],
+    }
+    assert json.loads(json.dumps(summary)) == summary
+
+
+# --- metrics ---------------------------------------------------------------------------
+
+def test_ingestion_is_idempotent(ledger: Ledger) -> None:
+    _new_campaign(ledger)
+    attempt_id = _attempt(ledger)
+    with ledger.session() as s:
+        a = s.get(q.Attempt, attempt_id)
+        assert q.ingest_steps(s, a, _steps(1, 5)) == 5
+    with ledger.session() as s:  # a second read of a growing metrics.jsonl overlaps the first
+        a = s.get(q.Attempt, attempt_id)
+        assert q.ingest_steps(s, a, _steps(1, 8)) == 3
+        assert q.ingest_steps(s, a, _steps(4, 8)) == 0
+        assert q.ingest_steps(s, a, _steps(2, 3)) == 0  # an old, partial read moves nothing back
+        assert q.ingest_steps(s, a, []) == 0
+    with ledger.session() as s:
+        a = s.get(q.Attempt, attempt_id)
+        steps = q.list_steps(s, attempt_id)
+        assert [m.step for m in steps] == list(range(1, 9))
+        assert [m.tokens for m in steps] == [1000 * i for i in range(1, 9)]
+        assert (a.first_step, a.last_step, a.tokens, a.last_loss) == (1, 8, 8000, 3.0)
+        run = a.stage_run
+        assert (run.steps, run.tokens, run.last_loss) == (8, 8000, 3.0)
+        n = s.scalar(sa.select(sa.func.count()).select_from(q.StepMetric).where(q.StepMetric.attempt_id == attempt_id))
+        assert n == 8
+
+
+def test_ingestion_keeps_nonfinite_losses_and_drops_junk(ledger: Ledger) -> None:
+    _new_campaign(ledger)
+    attempt_id = _attempt(ledger)
+    rows = _steps(1, 4, step2={"loss": float("nan")}, step3={"loss": float("inf"), "mfu": "high", "lr": True},
+                  step4={"loss": float("nan")})
+    rows.append({"step": 5, "loss": 1.0})  # no tokens: not a step row of the contract
+    with ledger.session() as s:
+        assert q.ingest_steps(s, s.get(q.Attempt, attempt_id), rows) == 4
+    with ledger.session() as s:
+        steps = q.list_steps(s, attempt_id)
+        assert [m.step for m in steps] == [1, 2, 3, 4]
+        assert steps[0].loss == 4.75
+        # A non-finite loss is evidence: kept (as +inf: SQLite would turn NaN into NULL).
+        assert [m.loss for m in steps[1:]] == [math.inf] * 3
+        assert (steps[2].mfu, steps[2].lr) == (None, None)
+        a = s.get(q.Attempt, attempt_id)
+        assert (a.last_step, a.last_loss, a.stage_run.last_loss) == (4, math.inf, math.inf)
+        summary = q.summarize_campaign(s, q.get_campaign(s, "demo"))
+    # `campaign status --json` must stay valid JSON (no bare NaN) for scripts.
+    assert summary["stages"][0]["last_loss"] is None
+    json.dumps(summary, allow_nan=False)
+
+
+def test_tokens_continue_across_attempts(ledger: Ledger) -> None:
+    _new_campaign(ledger)
+    first = _attempt(ledger)
+    with ledger.session() as s:
+        q.ingest_steps(s, s.get(q.Attempt, first), _steps(1, 4))
+        run = q.get_stage_run(s, "demo", "smoke")
+        second = q.create_attempt(s, run, nodes=["n0"], ranks_per_node=1, run_dir="/tmp/r2", tokens_base=4000)
+        q.ingest_steps(s, second, [{"step": 1, "tokens": 500, "loss": 2.0}])
+        assert (run.tokens, run.attempts_count, second.number) == (4500, 2, 2)
+
+
+def test_checkpoints_are_recorded_once_per_path(ledger: Ledger) -> None:
+    _new_campaign(ledger)
+    attempt_id = _attempt(ledger)
+    with ledger.session() as s:
+        a = s.get(q.Attempt, attempt_id)
+        ck = q.record_checkpoint(s, a.stage_run, a, step=10, tokens=100, path="ck/step-00000010", complete=False)
+        s.flush()
+        again = q.record_checkpoint(s, a.stage_run, a, step=10, tokens=100, path="ck/step-00000010", complete=True)
+        assert again.id == ck.id and again.complete
+
+
+# --- nodes -----------------------------------------------------------------------------
+
+def test_exclusions_expire_and_can_be_lifted(ledger: Ledger) -> None:
+    now = utcnow()
+    with ledger.session() as s:
+        q.exclude_node(s, site="local", node="n-expired", reason="old", expires=now - dt.timedelta(hours=1))
+        q.exclude_node(s, site="local", node="n-hour", reason="slow", evidence={"step_time": float("inf")},
+                       expires=now + dt.timedelta(hours=1))
+        q.exclude_node(s, site="local", node="n-forever", reason="dead")
+        q.exclude_node(s, site="aurora", node="n-forever", reason="other site")
+    with ledger.session() as s:
+        assert [e.node for e in q.list_exclusions(s, "local")] == ["n-forever", "n-hour"]
+        later = now + dt.timedelta(hours=2)
+        assert [e.node for e in q.list_exclusions(s, "local", now=later)] == ["n-forever"]
+        assert len(q.list_exclusions(s, None)) == 3
+        assert len(q.list_exclusions(s, "local", active=False)) == 3
+        hour = q.list_exclusions(s, "local")[1]
+        assert hour.evidence == {"step_time": None}  # JSON columns hold no NaN/inf (Postgres refuses them)
+        assert q.include_node(s, site="local", node="n-forever") == 1
+    with ledger.session() as s:
+        assert q.include_node(s, site="local", node="n-forever") == 0
+        assert [e.node for e in q.list_exclusions(s, "local")] == ["n-hour"]
+        assert [e.node for e in q.list_exclusions(s, "aurora")] == ["n-forever"]
+        lifted = [e for e in q.list_exclusions(s, "local", active=False) if e.lifted is not None]
+        assert [e.node for e in lifted] == ["n-forever"]
+
+
+# --- events ----------------------------------------------------------------------------
+
+def test_events_are_appended_in_order(ledger: Ledger) -> None:
+    _new_campaign(ledger)
+    attempt_id = _attempt(ledger)
+    with ledger.session() as s:
+        c = q.get_campaign(s, "demo")
+        a = s.get(q.Attempt, attempt_id)
+        q.set_campaign_state(s, c, "running")
+        q.set_campaign_state(s, c, "running")  # no transition, no event
+        q.set_stage_state(s, a.stage_run, "running")
+        q.finish_attempt(s, a, state="stalled", exit_code=124, suspects=[{"node": "n1"}], summary={"x": float("nan")})
+        q.add_event(s, c, "note", "by hand", data={"k": 1})
+    with ledger.session() as s:
+        c = q.get_campaign(s, "demo")
+        events = q.list_events(s, c)
+        kinds = [e.kind for e in events]
+        assert kinds == ["campaign_created", "attempt_started", "campaign_state", "stage_state", "attempt_finished", "note"]
+        assert [e.id for e in events] == sorted(e.id for e in events)
+        assert events[4].data == {"state": "stalled", "exit_code": 124} and events[4].attempt_id == attempt_id
+        assert [e.kind for e in q.list_events(s, c, after_id=events[3].id)] == ["attempt_finished", "note"]
+        assert s.get(q.Attempt, attempt_id).summary == {"x": None}
+
+
+# --- the Alembic tree ------------------------------------------------------------------
+
+def test_single_head() -> None:
+    script = ScriptDirectory.from_config(schema.alembic_config())
+    assert len(script.get_heads()) == 1
+    assert schema.head_revision() == script.get_current_head() == _revisions()[-1]
+    assert len(script.get_bases()) == 1
+
+
+@pytest.mark.parametrize(("older", "newer"), REVISION_PAIRS, ids=[f"{a}-{b}" for a, b in REVISION_PAIRS])
+def test_downgrade_and_upgrade_with_data(ledger_url: str, older: str, newer: str) -> None:
+    """Head -> `older` -> head again, with rows in the ledger; rows survive unless `older`
+    is base (then every table is gone and comes back empty)."""
+    led = open_ledger(ledger_url)
+    try:
+        _new_campaign(led)
+        attempt_id = _attempt(led)
+        with led.session() as s:
+            q.ingest_steps(s, s.get(q.Attempt, attempt_id), _steps(1, 3))
+        schema.downgrade(led.engine, older)
+        assert _revision(led.engine) == (None if older == "base" else older)
+        if older == "base":
+            assert not _tables(led.engine) & TABLES
+        schema.upgrade(led.engine, newer)
+        schema.upgrade(led.engine)
+        assert _revision(led.engine) == schema.head_revision()
+        assert TABLES <= _tables(led.engine)
+        with led.session() as s:
+            names = [c.name for c in q.list_campaigns(s)]
+            steps = s.scalar(sa.select(sa.func.count()).select_from(q.StepMetric))
+        assert (names, steps) == (([], 0) if older == "base" else (["demo"], 3))
+    finally:
+        led.close()
+
+
+# --- out-of-date schemas ---------------------------------------------------------------
+
+def test_ledger_stamped_to_base_is_refused(ledger: Ledger, ledger_url: str) -> None:
+    _new_campaign(ledger)
+    command.stamp(schema.alembic_config(ledger.engine), "base")  # tables present, no revision
+    for create in (True, False):
+        with pytest.raises(SchemaOutOfDate) as info:
+            open_ledger(ledger_url, create=create)
+        assert "campaign db upgrade" in str(info.value)
+        assert "revision (none)" in str(info.value) and schema.head_revision() in str(info.value)
+    assert _revision(ledger.engine) is None, "a refused ledger must be left as it was"
+
+
+def test_ledger_at_an_older_revision_is_refused(ledger: Ledger, ledger_url: str) -> None:
+    """Every revision before head (none yet while the tree has one revision: base is
+    covered above) is refused, and left as it was."""
+    for older in reversed(_revisions()[:-1]):
+        schema.downgrade(ledger.engine, older)
+        with pytest.raises(SchemaOutOfDate, match="campaign db upgrade"):
+            open_ledger(ledger_url)
+        assert _revision(ledger.engine) == older
+
+
+def test_ledger_from_a_newer_release_is_refused(ledger: Ledger, ledger_url: str) -> None:
+    with ledger.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = 'f00dcafe'"))
+    with pytest.raises(SchemaOutOfDate) as info:
+        open_ledger(ledger_url)
+    # `campaign db upgrade` cannot help here: the advice is to upgrade campaign itself.
+    assert "f00dcafe" in str(info.value) and "upgrade campaign" in str(info.value)
+    assert _revision(ledger.engine) == "f00dcafe"
+
+
+def test_empty_database_is_not_created_when_asked_not_to(ledger_url: str) -> None:
+    if ledger_url.startswith("sqlite"):
+        Path(ledger_url.removeprefix("sqlite:///")).touch()  # exists, but holds nothing
+    with pytest.raises(SchemaOutOfDate, match="campaign db upgrade"):
+        open_ledger(ledger_url, create=False)
+    engine = make_engine(ledger_url)
+    try:
+        assert not _tables(engine) & TABLES
+    finally:
+        engine.dispose()
+
+
+# --- the CLI ---------------------------------------------------------------------------
+
+def test_status_without_a_ledger_says_so(tmp_path: Path, run_cli) -> None:
+    workdir = tmp_path / "work"
+    code, out, err = run_cli("status", "--workdir", workdir)
+    assert (code, out) == (2, "")
+    assert "no ledger at" in err and "campaign submit" in err
+    assert not workdir.exists()
+    missing = tmp_path / "elsewhere" / "ledger.db"
+    code, out, err = run_cli("status", "demo", "--db", f"sqlite:///{missing}")
+    assert code == 2 and f"no ledger at {missing}" in err
+    assert not missing.exists() and not missing.parent.exists()
+
+
+def test_status_reads_the_ledger(ledger: Ledger, ledger_url: str, run_cli) -> None:
+    _new_campaign(ledger)
+    with ledger.session() as s:
+        a = q.create_attempt(s, q.get_stage_run(s, "demo", "smoke"), nodes=["n0"], ranks_per_node=1, run_dir="/r")
+        q.ingest_steps(s, a, _steps(1, 2) + [{"step": 3, "tokens": 3000, "loss": float("nan")}])
+    code, out, err = run_cli("status", "demo", "--json", "--db", ledger_url)
+    assert (code, err) == (0, "")
+    summary = json.loads(out, parse_constant=lambda c: pytest.fail(f"status --json printed {c}, which is not JSON"))
+    assert summary["name"] == "demo" and summary["stages"][0]["tokens"] == 3000
+    code, out, err = run_cli("status", "--db", ledger_url)
+    assert code == 0 and "demo" in out
+    code, out, err = run_cli("status", "nope", "--db", ledger_url)
+    assert code == 2 and "no campaign named 'nope'" in err and "campaigns: demo" in err
+
+
+def test_db_current_and_upgrade(ledger_url: str, run_cli) -> None:
+    head = schema.head_revision()
+    code, out, err = run_cli("db", "current", "--db", ledger_url)
+    assert (code, out) == (0, f"current: (empty)\nhead:    {head}\nneeds `campaign db upgrade`\n")
+    code, out, err = run_cli("status", "--db", ledger_url)
+    assert code == 2 and "campaign db upgrade" in err
+    code, out, err = run_cli("db", "upgrade", "--db", ledger_url)
+    assert code == 0 and out.endswith(f": at {head} (head)\n")
+    code, out, err = run_cli("db", "upgrade", "--db", ledger_url)  # again: nothing to do
+    assert code == 0 and out.endswith(f": at {head} (head)\n")
+    code, out, err = run_cli("db", "current", "--db", ledger_url)
+    assert (code, out) == (0, f"current: {head}\nhead:    {head}\nup to date\n")
+    code, out, err = run_cli("status", "--json", "--db", ledger_url)
+    assert (code, json.loads(out)) == (0, [])
+
+
+def test_cli_refuses_an_out_of_date_ledger_until_upgraded(ledger: Ledger, ledger_url: str, run_cli) -> None:
+    schema.downgrade(ledger.engine, REVISION_PAIRS[-1][0])
+    code, out, err = run_cli("status", "--db", ledger_url)
+    assert code == 2 and "campaign db upgrade" in err
+    code, out, err = run_cli("db", "upgrade", "--db", ledger_url)
+    assert code == 0
+    code, out, err = run_cli("status", "--json", "--db", ledger_url)
+    assert code == 0
+
+
+def test_nodes_commands(tmp_path: Path, run_cli) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    code, out, err = run_cli("nodes", "exclude", "n3", "--site", "local", "--reason", "ECC errors", "--hours", "2",
+                             "--db", url)
+    assert (code, out) == (0, "excluded n3 on local for 2 h\n")
+    code, out, err = run_cli("nodes", "list", "--db", url)
+    assert code == 0 and "n3" in out and "ECC errors" in out
+    code, out, err = run_cli("nodes", "include", "n3", "--site", "local", "--db", url)
+    assert (code, out) == (0, "n3 on local: 1 exclusion(s) lifted\n")
+    code, out, err = run_cli("nodes", "include", "n3", "--site", "local", "--db", url)
+    assert code == 2 and "n3 is not excluded on local" in err
