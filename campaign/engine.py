@@ -1,17 +1,22 @@
 """The engine: runs a campaign's stages in order, through Parsl, recording everything.
 
     engine = Engine(spec, ledger, workdir=Path("campaigns"))
-    code = engine.submit(source_text)    # 0 all passed, 1 a stage failed
+    code = engine.submit(source_text)    # 0 all passed, 1 a stage failed, 130 cancelled
 
-For each stage not yet passed: load a fresh Parsl config of the site, hand the stage
-module a `StageContext`, and let it ask for attempts (`ctx.launch(...)`). An attempt is
-one call of the supervisor app; while it runs, the engine ingests the attempt's
-`metrics.jsonl` into the ledger and shows progress. Only this process writes the ledger.
+One submission: take the campaign's lease (one driver at a time), recover what a crashed
+driver left (open attempts become `orphaned`, their jobs are stopped), load one Parsl
+config of the site, and for each stage not yet passed hand its module a `StageContext`;
+the stage asks for attempts (`ctx.launch(...)`). An attempt is one call of the supervisor
+app; while it runs, the engine ingests its `metrics.jsonl` into the ledger and shows
+progress. Only this process writes the ledger.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import os
+import signal
 import socket
 import time
 import traceback
@@ -21,17 +26,26 @@ from typing import Any
 
 from campaign import reference, report, stages
 from campaign.errors import CampaignConflict
+from campaign.lease import DriverLease
 from campaign.ledger import Ledger
 from campaign.ledger import queries as q
-from campaign.ledger.models import Attempt, Campaign, StageRun
+from campaign.ledger.models import Attempt, Campaign, StageRun, utcnow
 from campaign.progress import Progress
 from campaign.reference import Reference
 from campaign.spec import CampaignSpec
 from campaign.stagebase import StageSpec, Verdict
+from campaign.supervisor import PIDS_FILE, STOP_FILE
 from campaign.train.config import Fault, RunConfig, TrainerConfig
+from campaign.watchdog import WatchdogPolicy
 
 INGEST_PERIOD_S = 1.0
 """How often a running attempt's metrics are ingested (one transaction each time)."""
+EXIT_CANCELLED = 130
+"""`campaign submit` exit code when the campaign was cancelled."""
+
+
+class Cancelled(Exception):
+    """The driver was asked to stop (SIGTERM/SIGINT, `campaign cancel`)."""
 
 
 @dataclass
@@ -57,6 +71,14 @@ class AttemptOutcome:
         return str(self.report["exit_class"])
 
     @property
+    def suspects(self) -> list[dict[str, Any]]:
+        return list(self.report.get("suspects") or [])
+
+    @property
+    def last_step(self) -> int | None:
+        return self.report.get("last_step")
+
+    @property
     def losses(self) -> dict[int, float]:
         return {int(m["step"]): m["loss"] for m in self.metrics}
 
@@ -66,7 +88,7 @@ class AttemptOutcome:
 
 
 class StageContext:
-    """What a stage module may do: launch attempts and read the campaign's spec and ledger."""
+    """What a stage module may do: launch attempts, exclude nodes, report events, read references."""
 
     def __init__(self, engine: Engine, run: StageRun, stage: StageSpec) -> None:
         self.engine, self.run, self.stage = engine, run, stage
@@ -98,10 +120,38 @@ class StageContext:
     def show_table(self, title: str, rows: list[dict[str, Any]], columns: list[str]) -> None:
         self.engine.progress.table(f"{self.run.name}: {title}", rows, columns)
 
+    def event(self, kind: str, message: str, *, attempt_id: int | None = None, data: dict[str, Any] | None = None) -> None:
+        """Record an event in the ledger and show it."""
+        with self.ledger.session() as s:
+            run = s.get(StageRun, self.run.id)
+            assert run is not None
+            a = s.get(Attempt, attempt_id) if attempt_id else None
+            q.add_event(s, run.campaign, kind, message, stage_run=run, attempt=a, data=data)
+        self.engine.progress.event(message)
+
+    def exclude_suspects(self, outcome: AttemptOutcome, *, hours: float | None) -> list[str]:
+        """Exclude the outcome's suspect nodes on this site, with their evidence; returns them."""
+        expires = utcnow() + dt.timedelta(hours=hours) if hours else None
+        names = []
+        with self.ledger.session() as s:
+            a = s.get(Attempt, outcome.attempt_id)
+            assert a is not None
+            for sus in outcome.suspects:
+                evidence = {**sus.get("evidence", {}), "attempt": outcome.number, "exit_class": outcome.exit_class,
+                            "stall": outcome.report.get("stall")}
+                q.exclude_node(s, site=self.engine.site_name, node=sus["node"], reason=sus["reason"],
+                               evidence=evidence, attempt=a, expires=expires)
+                q.add_event(s, a.stage_run.campaign, "node_excluded", f"excluded {sus['node']}: {sus['reason']}",
+                            stage_run=a.stage_run, attempt=a, data={"node": sus["node"], "evidence": evidence})
+                names.append(sus["node"])
+        for sus in outcome.suspects:
+            self.engine.progress.event(f"excluded {sus['node']}: {sus['reason']}")
+        return names
+
     def launch(self, *, steps: int, nodes: int | None = None, timeout_s: float, resume: bool = True,
                checkpoint_dir: Path | None = None, checkpoint_at: tuple[int, ...] = (), max_tokens: int | None = None,
                faults: tuple[Fault, ...] = (), label: str = "", train: dict[str, Any] | None = None,
-               interrupt: dict[str, Any] | None = None) -> AttemptOutcome:
+               interrupt: dict[str, Any] | None = None, watchdog: WatchdogPolicy | None = None) -> AttemptOutcome:
         """Run one attempt of the trainer to `steps` on `nodes` active nodes and return its outcome.
 
         `resume`: continue from the newest complete checkpoint in `checkpoint_dir` (default:
@@ -109,19 +159,18 @@ class StageContext:
         `interrupt`: {"after_step": S, "signal": "SIGKILL"|"SIGTERM"}: the supervisor sends
         the signal to the whole job once step S is reported (a deliberate interruption).
         """
-        site = self.spec.site
-        n = nodes or site.nodes
-        hosts = self.engine.pick_nodes(n)
+        self.engine.check_cancel()
+        n = nodes or self.spec.site.nodes
         ckpt = checkpoint_dir or self.stage_dir / "checkpoints"
         with self.ledger.session() as s:
             run = s.get(StageRun, self.run.id)
             assert run is not None
-            base = _tokens_base(run, resume)
-            a = q.create_attempt(s, run, nodes=hosts, ranks_per_node=site.ranks_per_node, run_dir="",
-                                 label=label, tokens_base=base)
+            a = q.create_attempt(s, run, nodes=[], ranks_per_node=self.spec.site.ranks_per_node, run_dir="",
+                                 label=label, tokens_base=_tokens_base(run, resume))
             a.run_dir = str(self.stage_dir / f"attempt-{a.number:03d}")
             number, attempt_id = a.number, a.id
-        run_dir = Path(self.stage_dir / f"attempt-{number:03d}")
+            excluded = sorted({e.node for e in q.list_exclusions(s, self.engine.site_name)})
+        run_dir = self.stage_dir / f"attempt-{number:03d}"
         run_dir.mkdir(parents=True, exist_ok=True)
         trainer = self.spec.trainer.model_copy(update=train or {})
         config = TrainerConfig(
@@ -129,21 +178,25 @@ class StageContext:
             run=RunConfig(max_steps=steps, max_tokens=max_tokens, checkpoint_dir=str(ckpt),
                           checkpoint_at=list(checkpoint_at), resume=resume, attempt=number),
         )
-        request = self.engine.attempt_request(run_dir, hosts, config, timeout_s, bool(faults), number)
-        request["interrupt"] = interrupt
-        self.engine.progress.attempt_started(self.run.name, number, hosts, steps, label)
+        request = self.engine.attempt_request(run_dir, config, n, excluded, timeout_s, bool(faults), number)
+        request.update(interrupt=interrupt, watchdog=(watchdog or WatchdogPolicy()).model_dump())
+        self.engine.progress.attempt_started(self.run.name, number, n, steps, label)
+        self.engine.current_run_dir = run_dir
         future = self._supervisor_app()(request)
         offset = 0
         while not future.done():
             time.sleep(INGEST_PERIOD_S / 4)
             offset = self._ingest(attempt_id, run_dir, offset, steps)
+            if self.engine.cancel_requested:
+                (run_dir / STOP_FILE).touch()
         try:
             rep = future.result()
         except Exception as e:  # the app itself failed (worker lost, serialization): no trainer verdict
-            rep = {"exit_code": 1, "exit_class": "crashed_systemic", "duration_s": 0.0, "nodes": hosts,
+            rep = {"exit_code": 1, "exit_class": "crashed_systemic", "duration_s": 0.0, "nodes": [],
                    "suspects": [], "killed_by": None, "error": f"supervisor app failed: {e!r}"}
+        self.engine.current_run_dir = None
         self._ingest(attempt_id, run_dir, offset, steps)
-        return self._finish(attempt_id, number, run_dir, hosts, rep, ckpt)
+        return self._finish(attempt_id, number, run_dir, rep, ckpt)
 
     def _supervisor_app(self) -> Any:
         if self._app is None:
@@ -164,20 +217,21 @@ class StageContext:
             self.engine.progress.steps(self.run.name, rows[-1], steps)
         return new_offset
 
-    def _finish(self, attempt_id: int, number: int, run_dir: Path, hosts: list[str], rep: dict[str, Any],
-                ckpt: Path) -> AttemptOutcome:
+    def _finish(self, attempt_id: int, number: int, run_dir: Path, rep: dict[str, Any], ckpt: Path) -> AttemptOutcome:
         metrics, _ = report.read_metrics(run_dir)
         checkpoints = report.list_checkpoints(ckpt) if ckpt.exists() else []
         with self.ledger.session() as s:
             a = s.get(Attempt, attempt_id)
             assert a is not None
+            a.nodes = list(rep.get("nodes") or [])
             for ck in checkpoints:
                 q.record_checkpoint(s, a.stage_run, a, step=ck["step"], tokens=ck.get("tokens") or 0,
                                     path=str(ck["path"]), complete=bool(ck["complete"]))
             q.finish_attempt(s, a, state=rep["exit_class"], exit_code=rep["exit_code"],
                              suspects=rep.get("suspects", []), summary=_summary(rep))
         self.engine.progress.attempt_finished(self.run.name, number, rep)
-        return AttemptOutcome(attempt_id, number, run_dir, hosts, len(hosts) * self.spec.site.ranks_per_node, rep,
+        nodes = list(rep.get("nodes") or [])
+        return AttemptOutcome(attempt_id, number, run_dir, nodes, len(nodes) * self.spec.site.ranks_per_node, rep,
                               metrics, report.read_startup(run_dir), checkpoints)
 
 
@@ -191,8 +245,9 @@ def _tokens_base(run: StageRun, resume: bool) -> int:
 
 
 def _summary(rep: dict[str, Any]) -> dict[str, Any]:
-    keep = ("duration_s", "killed_by", "first_failure", "launch_command", "error")
-    return {k: rep.get(k) for k in keep if rep.get(k) is not None}
+    keep = ("duration_s", "killed_by", "stall", "first_failure", "launch_command", "error", "detected_after_s",
+            "spares", "allocation")
+    return {k: rep.get(k) for k in keep if rep.get(k) not in (None, [])}
 
 
 class Engine:
@@ -207,6 +262,8 @@ class Engine:
         self.progress = progress or Progress()
         self.site_label = "campaign"
         self.campaign_id: int | None = None
+        self.cancel_requested = False
+        self.current_run_dir: Path | None = None
 
     # --- campaign -----------------------------------------------------------------------
 
@@ -218,7 +275,7 @@ class Engine:
             c = q.get_campaign(s, self.spec.name)
             if c is None:
                 c = q.create_campaign(s, name=self.spec.name, digest=digest, spec_json=spec_json, source=source,
-                                      site=self.site_name, workdir=str(self.campaign_dir))
+                                      site=self.site_name, workdir=str(self.campaign_dir), spec_dir=str(self.spec_dir))
             elif c.spec_digest != digest:
                 if not new_version:
                     raise CampaignConflict(
@@ -236,9 +293,21 @@ class Engine:
         return self.spec.site.kind
 
     def submit(self, source: str = "", *, new_version: bool = False) -> int:
-        """Run every stage not yet passed, in order. Returns 0 if all passed, 1 otherwise."""
+        """Run every stage not yet passed, in order. 0 if all passed, 1 if one failed, 130 if cancelled."""
         self.register(source, new_version=new_version)
-        self.campaign_dir.mkdir(parents=True, exist_ok=True)
+        assert self.campaign_id is not None
+        lease = DriverLease(self.ledger, self.campaign_id)
+        lease.acquire()
+        previous = self._install_signal_handlers()
+        try:
+            self.campaign_dir.mkdir(parents=True, exist_ok=True)
+            self.recover_orphans()
+            return self._drive()
+        finally:
+            self._restore_signal_handlers(previous)
+            lease.release()
+
+    def _drive(self) -> int:
         with self.ledger.session() as s:
             c = s.get(Campaign, self.campaign_id)
             assert c is not None
@@ -249,9 +318,12 @@ class Engine:
         for run in runs:
             if run.state == "passed":
                 self.progress.stage_skipped(run.name, "passed earlier")
-        if todo:
-            with self._parsl():
-                self._run_stages(todo)
+        try:
+            if todo:
+                with self._parsl():
+                    self._run_stages(todo)
+        except Cancelled:
+            return self._finish_campaign(cancelled=True)
         return self._finish_campaign()
 
     def _run_stages(self, todo: list[tuple[StageRun, StageSpec]]) -> None:
@@ -279,9 +351,15 @@ class Engine:
         self.progress.stage_started(run.name, stage.kind, run.position, len(self.spec.stages))
         try:
             verdict = stages.module(stage.kind).run(StageContext(self, run, stage), stage)
+        except Cancelled:
+            self._set_stage(run, "failed", "cancelled by the user")
+            raise
         except Exception as e:
             verdict = Verdict(False, f"stage crashed in the orchestrator: {type(e).__name__}: {e}",
                               {"traceback": traceback.format_exc(limit=5)})
+        if self.cancel_requested:
+            self._set_stage(run, "failed", "cancelled by the user")
+            raise Cancelled()
         self._set_stage(run, "passed" if verdict.passed else "failed", verdict.reason, verdict.numbers)
         self.progress.stage_finished(run.name, verdict)
         return verdict
@@ -294,43 +372,73 @@ class Engine:
             q.set_stage_state(s, r, state, verdict=verdict, numbers=numbers)
         run.state = state
 
-    def _finish_campaign(self) -> int:
+    def _finish_campaign(self, *, cancelled: bool = False) -> int:
         with self.ledger.session() as s:
             c = s.get(Campaign, self.campaign_id)
             assert c is not None
             runs = q.current_stage_runs(s, c)
             ok = all(r.state == "passed" or (r.state == "failed" and self.spec.stage(r.name).continue_on_failure)
                      for r in runs)
-            q.set_campaign_state(s, c, "succeeded" if ok else "failed")
+            state = "cancelled" if cancelled else "succeeded" if ok else "failed"
+            q.set_campaign_state(s, c, state)
             summary = q.summarize_campaign(s, c)
         self.progress.campaign_finished(summary)
-        return 0 if ok else 1
+        return EXIT_CANCELLED if cancelled else 0 if ok else 1
 
-    # --- nodes and requests -------------------------------------------------------------
+    # --- cancel and crash recovery --------------------------------------------------------
 
-    def pick_nodes(self, n: int) -> list[str]:
-        """The first `n` nodes of the allocation that the ledger does not exclude."""
-        from campaign.errors import SiteError
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        def request_cancel(signum: int, _frame: Any) -> None:
+            if not self.cancel_requested:
+                self.cancel_requested = True
+                self.progress.event(f"{signal.Signals(signum).name} received: stopping the running attempt, "
+                                    "recording the campaign as cancelled")
+            if self.current_run_dir is not None:
+                (self.current_run_dir / STOP_FILE).touch()
 
+        previous = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                previous[sig] = signal.signal(sig, request_cancel)
+            except ValueError:  # not the main thread (e.g. a test harness): no handlers
+                break
+        return previous
+
+    @staticmethod
+    def _restore_signal_handlers(previous: dict[int, Any]) -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    def check_cancel(self) -> None:
+        if self.cancel_requested:
+            raise Cancelled()
+
+    def recover_orphans(self) -> None:
+        """Attempts a crashed driver left open: stop their jobs, mark them `orphaned`."""
         with self.ledger.session() as s:
-            excluded = {e.node for e in q.list_exclusions(s, self.site_name)}
-        usable = [h for h in self.spec.site.node_names() if h not in excluded]
-        if len(usable) < n:
-            raise SiteError(f"{n} nodes asked, but only {len(usable)} of the site's {self.spec.site.nodes} are usable "
-                            f"({len(excluded)} excluded: {', '.join(sorted(excluded))}); lift exclusions with "
-                            "`campaign nodes include NODE` or add nodes")
-        return usable[:n]
+            c = s.get(Campaign, self.campaign_id)
+            assert c is not None
+            for a in q.list_open_attempts(s, c):
+                stopped = stop_orphan(Path(a.run_dir), self.spec.site)
+                q.finish_attempt(s, a, state="orphaned", exit_code=None, suspects=[],
+                                 summary={**(a.summary or {}), "recovery": stopped})
+                q.add_event(s, c, "attempt_orphaned", f"stage {a.stage_run.name} attempt {a.number} was left running "
+                            f"by a driver that died; {stopped}", stage_run=a.stage_run, attempt=a)
+                if a.stage_run.state == "running":
+                    a.stage_run.state = "pending"
+                self.progress.event(f"recovered stage {a.stage_run.name} attempt {a.number}: {stopped}")
 
-    def attempt_request(self, run_dir: Path, hosts: list[str], config: TrainerConfig, timeout_s: float,
-                        faults: bool, attempt: int) -> dict[str, Any]:
+    # --- requests -------------------------------------------------------------------------
+
+    def attempt_request(self, run_dir: Path, config: TrainerConfig, nodes: int, excluded: list[str],
+                        timeout_s: float, faults: bool, attempt: int) -> dict[str, Any]:
+        """The supervisor's instructions for one attempt (plain JSON-able data)."""
         config_path = run_dir / "trainer.json"
         config_path.write_text(config.model_dump_json(indent=2))
-        hostfile = run_dir / "hostfile"
-        hostfile.write_text("".join(f"{h}\n" for h in hosts))
         command = self.spec.trainer.command or ["{python}", "-m", "campaign.train"]
         env = {
             "CAMPAIGN_RUN_DIR": str(run_dir),
-            "CAMPAIGN_HOSTFILE": str(hostfile),
+            "CAMPAIGN_HOSTFILE": str(run_dir / "hostfile"),
             "CAMPAIGN_ATTEMPT": str(attempt),
             "CAMPAIGN_TRAINER_CONFIG": str(config_path),
             "CAMPAIGN_HEARTBEAT_INTERVAL": "1.0",
@@ -338,17 +446,69 @@ class Engine:
         }
         if faults:
             env["CAMPAIGN_ALLOW_FAULTS"] = "1"
+        site = self.spec.site
+        launch = site.launch_options()
+        env.update(launch.pop("env", {}))
         return {
             "run_dir": str(run_dir),
-            "hosts": hosts,
-            "ranks_per_node": self.spec.site.ranks_per_node,
-            "launcher": self.spec.site.launcher,
+            "allocation": site.node_names(),
+            "exclude": excluded,
+            "nodes": nodes,
+            "ranks_per_node": site.ranks_per_node,
+            "launcher": site.launcher,
             "argv": [*command, "--config", str(config_path)],
             "env": env,
-            "hostfile": str(hostfile),
+            "hostfile": str(run_dir / "hostfile"),
+            "config_path": str(config_path),
             "master_port": _free_port(),
             "timeout_s": timeout_s,
+            "block_walltime_s": getattr(site, "walltime_s", None),
+            "deadline_from": getattr(site, "deadline_from", "block"),
+            "launch": launch,
         }
+
+
+def stop_orphan(run_dir: Path, site: Any) -> str:
+    """Stop the job of an attempt whose driver died. Returns what was done, for the record."""
+    (run_dir / STOP_FILE).touch()  # a supervisor that still lives stops its job
+    try:
+        pids = json.loads((run_dir / PIDS_FILE).read_text())
+    except (OSError, ValueError):
+        return "no job had started"
+    if pids.get("block_job_id"):
+        from campaign import executors
+
+        cancel = getattr(executors.module(site.kind), "cancel_jobs", None)
+        if cancel is not None:
+            cancel(site, [pids["block_job_id"]])
+            return f"cancelled scheduler job {pids['block_job_id']} through the provider"
+    if pids.get("host") != socket.gethostname():
+        return f"job ran on {pids.get('host')}; STOP file written for its supervisor"
+    killed = [pgid for pgid in pids.get("pgids", []) if _kill_group(pgid, run_dir)]
+    return f"killed {len(killed)} process group(s)" if killed else "its processes had already exited"
+
+
+def _kill_group(pgid: int, run_dir: Path) -> bool:
+    """SIGKILL process group `pgid` if its members are this attempt's (checked by environment)."""
+    members = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(proc.name)) != pgid:
+                continue
+            env = (proc / "environ").read_bytes()
+        except (OSError, ProcessLookupError):
+            continue
+        if f"CAMPAIGN_RUN_DIR={run_dir}".encode() in env:
+            members.append(int(proc.name))
+    if not members:
+        return False
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _free_port() -> int:

@@ -24,7 +24,10 @@ from campaign import executors as site_kinds
 from campaign import stages as stage_kinds
 from campaign import yamlfile
 from campaign.errors import SpecError
+from campaign.executors.aurora import AuroraSite
 from campaign.executors.local import LocalSite
+from campaign.executors.polaris import PolarisSite
+from campaign.executors.slurm import SlurmSite
 from campaign.stagebase import StageSpec, StrictModel
 from campaign.stages.long_run import LongRunStage
 from campaign.stages.loss_check import LossCheckStage
@@ -33,7 +36,7 @@ from campaign.stages.scaling import ScalingStage
 from campaign.stages.smoke import SmokeStage
 from campaign.train.config import DataConfig, ModelConfig, TrainConfig
 
-Site = Annotated[Union[LocalSite], Field(discriminator="kind")]
+Site = Annotated[Union[LocalSite, AuroraSite, PolarisSite, SlurmSite], Field(discriminator="kind")]
 Stage = Annotated[
     Union[SmokeStage, LossCheckStage, ScalingStage, LongRunStage, ResumeTestStage], Field(discriminator="kind")
 ]
@@ -47,7 +50,7 @@ class CampaignSpec(StrictModel):
     description: str = ""
     """One line on what this campaign is for."""
     site: Site = LocalSite()
-    """Where the stages run (`kind: local | ...`) and the site's options."""
+    """Where the stages run (`kind: local | aurora | polaris | slurm`) and the site's options."""
     model: ModelConfig = ModelConfig()
     """The model to train."""
     data: DataConfig = DataConfig()
@@ -108,6 +111,12 @@ def load(path: str | Path) -> CampaignSpec:
     """Load and validate a campaign file; raise SpecError naming file, line and field."""
     data, lines = yamlfile.load(path)
     return parse(data, str(path), lines)
+
+
+def loads(text: str, name: str) -> CampaignSpec:
+    """Validate campaign text, e.g. the copy the ledger keeps for `campaign resume`."""
+    data, lines = yamlfile.loads(text, name)
+    return parse(data, name, lines)
 
 
 def parse(data: Any, source: str = "<spec>", lines: yamlfile.Lines | None = None) -> CampaignSpec:

@@ -1,10 +1,20 @@
 """The supervisor: the Parsl app that runs one attempt next to the job.
 
-It runs on the allocation's head node (locally for the `local` site), launches the
-trainer's ranks with the site's launcher, watches them, kills the job on a hard timeout
-(exit 124) or when one rank failed and the others linger, and returns a plain dict
-(`AttemptReport`) that survives Parsl's serialization. It never touches the ledger: the
-orchestrator ingests `metrics.jsonl` and the report.
+It runs on the allocation's head node (locally for the `local` site). It reads the block's
+node list (`PBS_NODEFILE`, `SLURM_JOB_NODELIST`, or the virtual nodes of the local site),
+drops the nodes the ledger excludes, takes the active nodes, writes the hostfile, launches
+the trainer with the site's launcher, and watches it:
+
+- the stall watchdog (`campaign.watchdog`) reads metrics, events and heartbeats; on a stall
+  it names the culprit nodes, then SIGTERMs the job and SIGKILLs it after a grace period
+  (exit 124, class `stalled`);
+- when one rank fails, the others get `FAILED_RANK_GRACE_S` to notice before the job is
+  stopped; the first failure is the evidence;
+- a `STOP` file in the run directory (written by `campaign cancel`, or by an orchestrator
+  that recovers from a crash) stops the job (class `cancelled`).
+
+It returns a plain dict (`AttemptReport`) that survives Parsl's serialization, and never
+touches the ledger: the orchestrator ingests `metrics.jsonl` and the report.
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,14 +31,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from campaign import exits, report
+from campaign import exits, report, watchdog
 
 POLL_S = 0.25
-"""How often the supervisor looks at the ranks; cheap (a few stat calls)."""
+"""How often the supervisor looks at the job; cheap (a few small reads)."""
 FAILED_RANK_GRACE_S = 10.0
-"""After one rank failed, how long the others get to notice before they are killed."""
+"""After one rank failed, how long the others get to exit by themselves."""
 TERM_GRACE_S = 5.0
 """Between SIGTERM and SIGKILL when the supervisor stops a job."""
+STOP_FILE = "STOP"
+"""Written into the run directory to ask the supervisor to stop the job (cancel)."""
+PIDS_FILE = "pids.json"
+"""Host and process groups of the job, so a recovering orchestrator can kill orphans."""
 
 
 @dataclass
@@ -38,11 +53,16 @@ class AttemptReport:
     exit_class: str
     duration_s: float
     nodes: list[str]
+    allocation: list[str] = field(default_factory=list)
+    spares: list[str] = field(default_factory=list)
     killed_by: str | None = None
+    stall: str | None = None
     first_failure: dict[str, Any] | None = None
     suspects: list[dict[str, Any]] = field(default_factory=list)
     last_step: int | None = None
     launch_command: list[str] = field(default_factory=list)
+    error: str | None = None
+    detected_after_s: float | None = None
 
 
 @dataclass
@@ -67,7 +87,7 @@ class _Job:
             return None
         t, i, code = min(failed)
         rank, node, _ = self.procs[i]
-        return rank, code, node, t
+        return rank, _norm(code), node, t
 
     def signal(self, sig: int) -> None:
         for i, (_, _, p) in enumerate(self.procs):
@@ -84,143 +104,205 @@ class _Job:
         while not self.done and now() < deadline:
             time.sleep(0.1)
             self.poll(now())
-        self.signal(signal.SIGKILL)
+        for _, _, p in self.procs:  # SIGKILL the groups even if the leader exited: no stragglers
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         for _, _, p in self.procs:
             p.wait()
         self.poll(now())
 
 
 def supervise(request: dict[str, Any]) -> dict[str, Any]:
-    """Run one attempt described by `request` (see `engine.StageContext.launch`); return an AttemptReport dict."""
+    """Run one attempt described by `request` (see `engine.Engine.attempt_request`)."""
     run_dir = Path(request["run_dir"])
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     start = time.time()
-    job, command = _start(request, run_dir)
-    killed_by = _watch(job, request, start)
-    duration = time.time() - start
+    allocation = list(request.get("allocation") or block_nodes())
+    excluded = set(request.get("exclude", []))
+    usable = [h for h in allocation if h not in excluded]
+    n = int(request["nodes"])
+    if len(usable) < n:
+        msg = (f"the stage asks for {n} active node(s), but the block has {len(usable)} usable of {len(allocation)} "
+               f"({len(allocation) - len(usable)} excluded); ask for fewer nodes, more spares, or lift exclusions "
+               "with `campaign nodes include`")
+        out = AttemptReport(exit_code=exits.NO_RETRY, exit_class="config_error", duration_s=0.0, nodes=[],
+                            allocation=allocation, error=msg)
+        return _finish(run_dir, out)
+    hosts, spares = usable[:n], usable[n:]
+    _prepare(request, run_dir, hosts)
+    job, command = _start(request, run_dir, hosts)
+    verdict = _watch(job, request, hosts, start)
     failure = job.first_failure()
-    code = _exit_code(job, killed_by)
+    code = exits.STALLED if verdict.killed_by == "stalled" else (failure[1] if failure else 0)
     metrics, _ = report.read_metrics(run_dir)
-    last_step = metrics[-1]["step"] if metrics else None
-    suspects = [] if killed_by == "interrupt" else _suspects(request, run_dir, failure, killed_by)
-    exit_class = "cancelled" if killed_by == "interrupt" else exits.classify(code, suspects=bool(suspects))
+    # A rank that failed by itself is evidence; ranks the supervisor stopped are not.
+    suspects = verdict.suspects if verdict.killed_by else _crash_suspects(failure, code)
+    if verdict.killed_by in ("stop", "interrupt"):
+        exit_class = "cancelled"
+    else:
+        exit_class = exits.classify(code, suspects=bool(suspects))
     out = AttemptReport(
-        exit_code=code,
-        exit_class=exit_class,
-        duration_s=round(duration, 3),
-        nodes=list(request["hosts"]),
-        killed_by=killed_by,
+        exit_code=code, exit_class=exit_class, duration_s=round(time.time() - start, 3), nodes=hosts,
+        allocation=allocation, spares=spares, killed_by=verdict.killed_by, stall=verdict.stall,
         first_failure=None if failure is None else {"rank": failure[0], "exit_code": failure[1], "node": failure[2],
                                                       "after_s": round(failure[3] - start, 3)},
-        suspects=suspects,
-        last_step=last_step,
-        launch_command=command,
+        suspects=suspects, last_step=metrics[-1]["step"] if metrics else None, launch_command=command,
+        detected_after_s=verdict.detected_after_s,
     )
-    (run_dir / "supervisor.json").write_text(json.dumps(asdict(out), indent=2))
+    return _finish(run_dir, out)
+
+
+def _finish(run_dir: Path, out: AttemptReport) -> dict[str, Any]:
+    report.write_json_atomic(run_dir / "supervisor.json", asdict(out))
     return asdict(out)
 
 
-def _start(request: dict[str, Any], run_dir: Path) -> tuple[_Job, list[str]]:
+def block_nodes() -> list[str]:
+    """The nodes of the block this worker runs in, in the scheduler's order."""
+    nodefile = os.environ.get("PBS_NODEFILE")
+    if nodefile and Path(nodefile).exists():
+        seen: dict[str, None] = {}
+        for line in Path(nodefile).read_text().split():
+            seen.setdefault(line.strip(), None)
+        return list(seen)
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if nodelist:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
+        return out.stdout.split()
+    return [socket.gethostname()]
+
+
+def _prepare(request: dict[str, Any], run_dir: Path, hosts: list[str]) -> None:
+    """Hostfile of the active nodes; the block's deadline into the trainer's config."""
+    Path(request["hostfile"]).write_text("".join(f"{h}\n" for h in hosts))
+    walltime = request.get("block_walltime_s")
+    if walltime:
+        config_path = Path(request["config_path"])
+        cfg = json.loads(config_path.read_text())
+        started = time.time() if request.get("deadline_from") == "attempt" else _block_started()
+        cfg["run"]["deadline_unix"] = started + float(walltime)
+        report.write_json_atomic(config_path, cfg)
+
+
+def _block_started() -> float:
+    """When this block's job started: the Parsl worker pool is the block's first process."""
+    try:
+        import psutil
+
+        return float(psutil.Process(os.getppid()).create_time())
+    except Exception:  # no psutil or no parent: the attempt's start is a safe lower bound
+        return time.time()
+
+
+def _start(request: dict[str, Any], run_dir: Path, hosts: list[str]) -> tuple[_Job, list[str]]:
     from campaign.executors import launchers
 
     # "{python}" is the interpreter running this supervisor, i.e. the worker's environment.
     argv = tuple(sys.executable if a == "{python}" else a for a in request["argv"])
+    extra = request.get("launch", {})
     plan = launchers.LaunchPlan(
-        hosts=tuple(request["hosts"]),
-        ranks_per_node=int(request["ranks_per_node"]),
-        argv=argv,
-        env=tuple(sorted(request.get("env", {}).items())),
-        hostfile=request.get("hostfile"),
+        hosts=tuple(hosts), ranks_per_node=int(request["ranks_per_node"]), argv=argv,
+        env=tuple(sorted(request.get("env", {}).items())), hostfile=request.get("hostfile"),
         master_port=request.get("master_port"),
+        # Only srun takes an exclusion list (the scheduler enforces it); other launchers get explicit hosts.
+        exclude=tuple(sorted(set(request.get("exclude", [])) - set(hosts))) if request["launcher"] == "srun" else (),
+        cpu_bind=extra.get("cpu_bind"), gpu_bind=extra.get("gpu_bind"), depth=extra.get("depth"),
+        wrapper=tuple(extra.get("wrapper", ())),
     )
     base_env = {**os.environ, **dict(plan.env)}
     if request["launcher"] == "local":
         procs = []
-        for rank, (argv, env) in enumerate(launchers.local_rank_processes(plan)):
-            log = open(run_dir / "logs" / f"rank-{rank}.log", "wb")  # noqa: SIM115 - owned by the child
-            p = subprocess.Popen(argv, env={**base_env, **env}, stdout=log, stderr=subprocess.STDOUT,
-                                 cwd=run_dir, start_new_session=True)
-            log.close()
+        for rank, (rank_argv, env) in enumerate(launchers.local_rank_processes(plan)):
+            with open(run_dir / "logs" / f"rank-{rank}.log", "wb") as log:
+                p = subprocess.Popen(rank_argv, env={**base_env, **env}, stdout=log, stderr=subprocess.STDOUT,
+                                     cwd=run_dir, start_new_session=True)
             procs.append((rank, env.get("CAMPAIGN_NODE", ""), p))
-        return _Job(procs), ["(local)", *plan.argv]
-    command = launchers.build_command(request["launcher"], plan)
-    log = open(run_dir / "logs" / "launcher.log", "wb")  # noqa: SIM115
-    p = subprocess.Popen(command, env=base_env, stdout=log, stderr=subprocess.STDOUT, cwd=run_dir, start_new_session=True)
-    log.close()
-    return _Job([(-1, "", p)]), command
+        command = ["(local)", *plan.argv]
+    else:
+        command = launchers.build_command(request["launcher"], plan)
+        with open(run_dir / "logs" / "launcher.log", "wb") as log:
+            p = subprocess.Popen(command, env=base_env, stdout=log, stderr=subprocess.STDOUT, cwd=run_dir,
+                                 start_new_session=True)
+        procs = [(-1, "", p)]
+    block_job = os.environ.get("PBS_JOBID") or os.environ.get("SLURM_JOB_ID")
+    report.write_json_atomic(run_dir / PIDS_FILE, {"host": socket.gethostname(), "pgids": [p.pid for _, _, p in procs],
+                                                   "launcher": request["launcher"], "block_job_id": block_job})
+    return _Job(procs), command
 
 
-def _watch(job: _Job, request: dict[str, Any], start: float) -> str | None:
-    """Wait for the job; return why the supervisor killed it, or None if it ended by itself."""
-    timeout = float(request["timeout_s"])
+@dataclass
+class _Verdict:
+    killed_by: str | None = None
+    stall: str | None = None
+    suspects: list[dict[str, Any]] = field(default_factory=list)
+    detected_after_s: float | None = None
+
+
+def _watch(job: _Job, request: dict[str, Any], hosts: list[str], start: float) -> _Verdict:
+    """Wait for the job; stop it on a stall, a failed rank, the hard timeout, STOP or an interrupt."""
+    run_dir = Path(request["run_dir"])
+    policy = watchdog.WatchdogPolicy.model_validate(request.get("watchdog") or {})
+    watch = watchdog.Watch(started=start)
     interrupt = request.get("interrupt")
-    progress = _Progress(Path(request["run_dir"]))
-    interrupted = False
+    timeout = float(request["timeout_s"])
+    offsets = {"metrics": 0, "events": 0}
     while True:
         now = time.time()
         job.poll(now)
         if job.done:
-            return "interrupt" if interrupted else None
-        if now - start > timeout:
+            return _Verdict(killed_by="interrupt" if interrupt and watch.last_step >= int(interrupt["after_step"])
+                            else None)
+        _observe(run_dir, watch, offsets, now)
+        if (run_dir / STOP_FILE).exists():
             job.stop(time.time)
-            return "timeout"
-        if interrupt and not interrupted and progress.last_step() >= int(interrupt["after_step"]):
+            return _Verdict(killed_by="stop")
+        if interrupt and watch.last_step >= int(interrupt["after_step"]):
             job.signal(getattr(signal, interrupt.get("signal", "SIGKILL")))
-            interrupted = True
+            _wait(job, timeout=30.0)
+            return _Verdict(killed_by="interrupt")
         failure = job.first_failure()
         if failure is not None and now - failure[3] > FAILED_RANK_GRACE_S:
             job.stop(time.time)
-            return "failed_rank"
+            return _Verdict(killed_by=None)  # the failed rank's exit is the evidence, not the stop
+        decision = watchdog.decide(watch, policy, now)
+        if failure is None and (decision.stalled or now - start > timeout):
+            reason = decision.reason if decision.stalled else f"hard timeout of {timeout:g} s"
+            suspects = watchdog.culprits(report.read_heartbeats(run_dir), hosts, now, policy)
+            detected = now - watch.last_progress
+            job.stop(time.time)
+            return _Verdict(killed_by="stalled", stall=reason, suspects=suspects, detected_after_s=round(detected, 2))
         time.sleep(POLL_S)
 
 
-class _Progress:
-    """The newest step in metrics.jsonl, read incrementally."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.run_dir, self.offset, self.step = run_dir, 0, 0
-
-    def last_step(self) -> int:
-        rows, self.offset = report.read_metrics(self.run_dir, self.offset)
-        if rows:
-            self.step = int(rows[-1]["step"])
-        return self.step
+def _observe(run_dir: Path, watch: watchdog.Watch, offsets: dict[str, int], now: float) -> None:
+    rows, offsets["metrics"] = report.read_metrics(run_dir, offsets["metrics"])
+    watch.saw_steps(rows, now)
+    events = report.read_events(run_dir)
+    watch.saw_events(events[offsets["events"]:], now)
+    offsets["events"] = len(events)
+    phases = {r.get("phase") for b in report.read_heartbeats(run_dir).values() for r in b.get("ranks", {}).values()}
+    watch.saw_phases({p for p in phases if p}, now)
 
 
-def _exit_code(job: _Job, killed_by: str | None) -> int:
-    if killed_by == "timeout":
-        return exits.STALLED
-    failure = job.first_failure()
-    if failure is None:
-        return 0
-    code = failure[1]
-    return 128 - code if code < 0 else code  # Popen: -N means killed by signal N
+def _wait(job: _Job, timeout: float) -> None:
+    end = time.time() + timeout
+    while not job.done and time.time() < end:
+        time.sleep(0.1)
+        job.poll(time.time())
+    if not job.done:
+        job.stop(time.time)
 
 
-def _suspects(request: dict[str, Any], run_dir: Path, failure: tuple[int, int, str, float] | None,
-              killed_by: str | None) -> list[dict[str, Any]]:
-    """Nodes to blame, each with evidence. Systemic exits blame no node."""
-    if failure is not None and failure[2] and exits.classify(_norm(failure[1]), suspects=True) == "crashed_node":
-        rank, code, node, _ = failure
-        return [{"node": node, "reason": f"rank {rank} exited first with {_norm(code)}", "evidence": {"rank": rank, "exit_code": _norm(code)}}]
-    if killed_by == "timeout":
-        return _silent_nodes(request, run_dir)
-    return []
-
-
-def _silent_nodes(request: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
-    beats = report.read_heartbeats(run_dir)
-    steps = {node: min((int(r.get("step", 0)) for r in b.get("ranks", {}).values()), default=0) for node, b in beats.items()}
-    lead = max(steps.values(), default=0)
-    out = []
-    for node in request["hosts"]:
-        if node not in beats:
-            out.append({"node": node, "reason": "no heartbeat at all", "evidence": {}})
-        elif steps[node] < lead:
-            out.append({"node": node, "reason": f"stuck at step {steps[node]} while others reached {lead}",
-                        "evidence": {"step": steps[node], "lead": lead}})
-    return out
+def _crash_suspects(failure: tuple[int, int, str, float] | None, code: int) -> list[dict[str, Any]]:
+    """The node of the rank that failed first, unless the failure is systemic by its code."""
+    if failure is None or not failure[2] or code in (exits.BROKEN_ENV, exits.NO_RETRY, exits.NONFINITE, exits.SIGTERM):
+        return []
+    rank, code, node, _ = failure
+    how = f"was killed by signal {code - 128}" if code > 128 else f"exited with {code}"
+    return [{"node": node, "reason": f"rank {rank} {how} first", "evidence": {"rank": rank, "exit_code": code}}]
 
 
 def _norm(code: int) -> int:
-    return 128 - code if code < 0 else code
+    return 128 - code if code < 0 else code  # Popen: -N means killed by signal N

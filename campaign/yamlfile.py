@@ -34,7 +34,13 @@ _PLAIN_TAGS = frozenset(_YAML + t for t in ("null", "bool", "int", "float", "str
 def load(path: str | Path) -> tuple[Any, Lines]:
     """Read and parse one campaign file; raise SpecError on anything unsafe or broken."""
     name = str(path)
-    text = _read(Path(path), name)
+    return loads(_read(Path(path), name), name)
+
+
+def loads(text: str, name: str) -> tuple[Any, Lines]:
+    """Parse campaign text (e.g. the copy kept in the ledger); `name` labels errors."""
+    if len(text.encode()) > MAX_BYTES:
+        _fail(name, None, f"text is over {MAX_BYTES:,} bytes; campaign files are limited to {MAX_BYTES:,}")
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as e:

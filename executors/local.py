@@ -12,9 +12,10 @@ LocalProvider block of one worker, the same executor type the batch sites use.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
@@ -38,8 +39,22 @@ class LocalSite(StrictModel):
     node_prefix: str = Field(default="local-n", pattern=r"^[A-Za-z][A-Za-z0-9-]*$")
     """Virtual node names are this prefix plus 0, 1, ..."""
 
+    walltime_s: float | None = Field(default=None, gt=0)
+    """Simulated block walltime: each attempt must end within this many seconds of its
+    start; the trainer checkpoints and exits 143 before that deadline (walltime chaining)."""
+
     def node_names(self) -> list[str]:
         return [f"{self.node_prefix}{i}" for i in range(self.nodes)]
+
+    def launch_options(self) -> dict[str, Any]:
+        """Every rank gets an equal share of this machine's cores, as ranks on separate nodes
+        would: without it each rank's intra-op pool takes every core and they thrash."""
+        share = max(1, (os.cpu_count() or 1) // (self.nodes * self.ranks_per_node))
+        return {"env": {"OMP_NUM_THREADS": str(share)}}
+
+    @property
+    def deadline_from(self) -> str:
+        return "attempt"
 
     @property
     def launcher(self) -> str:

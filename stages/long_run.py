@@ -1,28 +1,41 @@
-"""The `long_run` stage: train to a token (or step) target with periodic checkpoints.
+"""The `long_run` stage: train to a token (or step) target, surviving faults.
 
 Each attempt resumes from the newest complete checkpoint of the stage, never from zero,
-so tokens and loss continue across attempts. The stage records every attempt it needed.
-A failed attempt is relaunched only while the attempt budget lasts and its exit class is
-resumable (see `campaign.exits.RESUMABLE`); otherwise the stage fails with the exit code
-and the last step.
+so tokens and loss continue across attempts. When an attempt ends badly the exit class
+decides (see `campaign.exits`):
+
+- `stalled`, `crashed_node`: exclude the suspect nodes (with their evidence, for
+  `exclusion_hours`), relaunch on the remaining nodes (spares) from the last checkpoint;
+- `walltime`: the block's deadline; the trainer checkpointed; continue in a new block;
+- `crashed_systemic`: no node is blamed and none excluded; retried with backoff while the
+  attempt budget lasts (a broken file system can come back; a node swap cannot fix it);
+- `config_error`, `diverged`, `cancelled`: stop at once.
+A crash loop (no new step in `crash_loop` consecutive attempts) stops the stage early with
+that verdict instead of burning the allocation. Steps lost to each fault are recorded.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from campaign import exits
+from campaign import exits, report
 from campaign.stagebase import StageSpec, Verdict
+from campaign.train.config import Fault
+from campaign.watchdog import WatchdogPolicy
 
 if TYPE_CHECKING:
     from campaign.engine import AttemptOutcome, StageContext
 
+RELAUNCH = frozenset({"stalled", "crashed_node", "walltime", "orphaned", "crashed_systemic"})
+"""Exit classes after which the long run launches again (while the budget lasts)."""
+
 
 class LongRunStage(StageSpec):
-    """Train to the target, checkpointing every `checkpoint_every` steps."""
+    """Train to the target, checkpointing every `checkpoint_every` steps; relaunch on faults."""
 
     kind: Literal["long_run"] = "long_run"
     """Stage kind."""
@@ -32,10 +45,22 @@ class LongRunStage(StageSpec):
     """Step target; give this or `tokens`."""
     checkpoint_every: int = Field(default=50, ge=1)
     """Steps between checkpoints."""
-    max_attempts: int = Field(default=1, ge=1)
+    max_attempts: int = Field(default=3, ge=1)
     """Attempts (the first launch and relaunches) before the stage gives up."""
-    timeout_s: float = Field(default=3600.0, gt=0)
+    crash_loop: int = Field(default=3, ge=2)
+    """Stop early after this many consecutive attempts without a new step."""
+    backoff_s: float = Field(default=2.0, ge=0)
+    """Wait before a relaunch after a systemic failure, doubled each time."""
+    exclude_suspects: bool = True
+    """Exclude the nodes a stall or a crash names (with evidence) before relaunching."""
+    exclusion_hours: float | None = Field(default=24.0, gt=0)
+    """How long an exclusion lasts (null: until `campaign nodes include`)."""
+    timeout_s: float = Field(default=86400.0, gt=0)
     """Hard limit on one attempt's wall time; past it the job is killed (exit 124)."""
+    watchdog: WatchdogPolicy = WatchdogPolicy()
+    """Stall budgets: start-up, steady step (k x p99 + floor), checkpoint."""
+    faults: list[Fault] = []
+    """Deliberate faults for drills (needs CAMPAIGN_ALLOW_FAULTS=1)."""
 
     @model_validator(mode="after")
     def _one_target(self) -> LongRunStage:
@@ -46,29 +71,85 @@ class LongRunStage(StageSpec):
 
 def run(ctx: StageContext, stage: LongRunStage) -> Verdict:
     steps = stage.steps or ctx.steps_for_tokens(stage.tokens or 0, stage.nodes)
+    ckpt = ctx.stage_dir / "checkpoints"
     outcomes: list[AttemptOutcome] = []
-    while len(outcomes) < stage.max_attempts:
+    while True:
         outcome = ctx.launch(steps=steps, nodes=stage.nodes, timeout_s=stage.timeout_s, resume=True,
-                             max_tokens=stage.tokens, train={"checkpoint_every": stage.checkpoint_every})
+                             checkpoint_dir=ckpt, max_tokens=stage.tokens, watchdog=stage.watchdog,
+                             train={"checkpoint_every": stage.checkpoint_every}, faults=tuple(stage.faults),
+                             label="" if not outcomes else f"relaunch {len(outcomes)}")
         outcomes.append(outcome)
-        if outcome.exit_code == 0 or outcome.exit_class not in exits.RESUMABLE:
+        stop = next_action(outcomes, stage)
+        if stop is not None:
             break
-    return judge([o.as_dict() for o in outcomes], steps=steps, tokens=stage.tokens, max_attempts=stage.max_attempts)
+        if outcome.suspects and stage.exclude_suspects and outcome.exit_class in ("stalled", "crashed_node"):
+            ctx.exclude_suspects(outcome, hours=stage.exclusion_hours)
+        resumed = _newest_complete(ckpt)
+        lost = (outcome.last_step or 0) - resumed
+        ctx.event("relaunch", f"relaunching after {outcome.exit_class} (exit {outcome.exit_code}"
+                  f"{', ' + outcome.report['stall'] if outcome.report.get('stall') else ''}) from the checkpoint of "
+                  f"step {resumed}; {max(lost, 0)} step(s) lost", attempt_id=outcome.attempt_id,
+                  data={"resume_step": resumed, "steps_lost": max(lost, 0), "exit_class": outcome.exit_class})
+        if outcome.exit_class == "crashed_systemic" and stage.backoff_s:
+            systemic = sum(1 for o in outcomes if o.exit_class == "crashed_systemic")
+            time.sleep(stage.backoff_s * 2 ** (systemic - 1))
+    return judge([o.as_dict() for o in outcomes], steps=steps, tokens=stage.tokens, stop=stop,
+                 max_attempts=stage.max_attempts, crash_loop=stage.crash_loop)
 
 
-def judge(attempts: list[dict[str, Any]], *, steps: int, tokens: int | None, max_attempts: int) -> Verdict:
-    """Pure verdict over the stage's attempts (oldest first)."""
+def next_action(outcomes: list[AttemptOutcome], stage: LongRunStage) -> str | None:
+    """None to relaunch, else why the stage stops now."""
+    last = outcomes[-1]
+    if last.exit_code == 0:
+        return "done"
+    if last.exit_class not in RELAUNCH:
+        return "not resumable"
+    if len(outcomes) >= stage.max_attempts:
+        return "budget"
+    if _no_progress(outcomes, stage.crash_loop):
+        return "crash loop"
+    return None
+
+
+def _no_progress(outcomes: list[Any], k: int) -> bool:
+    """The last `k` attempts reported no step beyond what came before them."""
+    if len(outcomes) < k:
+        return False
+    before = max((o.last_step or 0) for o in outcomes[:-k]) if len(outcomes) > k else 0
+    return all((o.last_step or 0) <= before for o in outcomes[-k:])
+
+
+def _newest_complete(ckpt: Any) -> int:
+    done = [c["step"] for c in report.list_checkpoints(ckpt) if c["complete"]]
+    return max(done) if done else 0
+
+
+def judge(attempts: list[dict[str, Any]], *, steps: int, tokens: int | None, stop: str = "done",
+          max_attempts: int = 1, crash_loop: int = 3) -> Verdict:
+    """Pure verdict over the stage's attempts (oldest first); `stop` is why they ended
+    (`next_action`: done, not resumable, budget, crash loop)."""
     last = attempts[-1]
     rows = [m for a in attempts for m in a.get("metrics", [])]
-    final = rows[-1] if rows else {}
+    final = max(rows, key=lambda m: m["step"]) if rows else {}
+    classes = [a.get("exit_class") for a in attempts]
     numbers = {"attempts": len(attempts), "last_step": final.get("step"), "tokens": final.get("tokens"),
-               "last_loss": final.get("loss"), "exit_classes": [a.get("exit_class") for a in attempts]}
+               "last_loss": final.get("loss"), "exit_classes": classes,
+               "suspects": [s["node"] for a in attempts for s in a.get("suspects") or []]}
     if last.get("exit_code") != 0:
-        why = f"attempt {len(attempts)} exited {last.get('exit_code')} ({last.get('exit_class')}) at step {last.get('last_step')}"
-        if last.get("exit_class") not in exits.RESUMABLE:
-            why += "; not resumable"
-        elif len(attempts) >= max_attempts:
-            why += f"; attempt budget of {max_attempts} spent"
+        why = (f"attempt {len(attempts)} ended {last.get('exit_class')} (exit {last.get('exit_code')}) at step "
+               f"{last.get('last_step')}")
+        if last.get("stall"):
+            why += f" [{last['stall']}]"
+        if last.get("error"):
+            why += f": {last['error']}"
+        if stop == "not resumable":
+            why += "; not retried"
+        elif stop == "budget":
+            why += f"; attempt budget of {max_attempts} spent ({', '.join(str(c) for c in classes)})"
+        elif stop == "crash loop":
+            why += f"; crash loop: {crash_loop} attempts in a row made no progress"
+        if last.get("exit_class") == "crashed_systemic":
+            why += "; systemic (no node blamed, none excluded)"
         return Verdict(False, why, numbers)
     reached = (final.get("tokens") or 0) >= tokens if tokens else (final.get("step") or 0) >= steps
     if not reached:
@@ -78,5 +159,10 @@ def judge(attempts: list[dict[str, Any]], *, steps: int, tokens: int | None, max
     if loss is None or not math.isfinite(loss):
         return Verdict(False, f"final loss is not finite ({loss})", numbers)
     target = f"{tokens:,} tokens" if tokens else f"{steps} steps"
-    return Verdict(True, f"reached {target} (step {final['step']}, {final['tokens']:,} tokens) in {len(attempts)} "
-                   f"attempt(s); final loss {loss:.4f}", numbers)
+    faults = ""
+    if len(attempts) > 1:
+        faults = f" after {len(attempts) - 1} relaunch(es) ({', '.join(str(c) for c in classes[:-1])})"
+        if numbers["suspects"]:
+            faults += f", excluded {', '.join(numbers['suspects'])}"
+    return Verdict(True, f"reached {target} (step {final['step']}, {final['tokens']:,} tokens){faults}; "
+                   f"final loss {loss:.4f}", numbers)

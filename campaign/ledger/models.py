@@ -5,6 +5,7 @@
                                       1─* checkpoint
     campaign 1─* event (append-only history; stage_run / attempt optional)
     exclusion (per site and node: reason, evidence, expiry)
+    lease (one per campaign: the orchestrator process driving it now)
 
 Current state lives on the row (`state`, counters such as `tokens` and `last_loss`, kept
 up to date at ingestion so `campaign status` never scans metrics); history lives in
@@ -54,6 +55,8 @@ class Campaign(Timestamped, Base):
     spec_digest: Mapped[str] = mapped_column(String(64))
     spec_json: Mapped[dict[str, Any]]
     spec_source: Mapped[str] = mapped_column(Text, default="")
+    # Where the campaign file was (relative reference files resolve against it on resume).
+    spec_dir: Mapped[str] = mapped_column(Text, default="")
     site: Mapped[str] = mapped_column(String(32))
     workdir: Mapped[str] = mapped_column(Text)
     # pending | running | succeeded | failed | cancelled
@@ -177,3 +180,17 @@ class Event(Base):
     kind: Mapped[str] = mapped_column(String(32))
     message: Mapped[str] = mapped_column(Text)
     data: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class Lease(Timestamped, Base):
+    """Which orchestrator process drives a campaign now. Renewed while it runs; a lease
+    not renewed for `ttl_s` is stale and may be taken over (the driver died)."""
+
+    __tablename__ = "lease"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    campaign_id: Mapped[int] = mapped_column(ForeignKey("campaign.id", ondelete="CASCADE"), unique=True)
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int]
+    token: Mapped[str] = mapped_column(String(64))
+    renewed: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    ttl_s: Mapped[float] = mapped_column(Float, default=60.0)

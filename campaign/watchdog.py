@@ -1,0 +1,172 @@
+"""The stall watchdog: a pure decision over what the job reports, plus culprit finding.
+
+Progress-based, not stdout-silence: a job is stalled when no new step has been reported
+for longer than the budget of the phase it is in:
+
+    startup      launch until the first step (imports, rendezvous, checkpoint load)
+    warmup       the first `warmup_steps` steps: max(steady budget, warmup_s)
+    steady       step_factor x p99 step time + floor_s
+    exiting      every rank said "done" (or the deadline passed): exit_s to leave
+    checkpoint   checkpoint_factor x the slowest save measured so far (or checkpoint_s)
+
+`decide()` is a pure function of the observations and the time, so tests drive it with
+made-up clocks; `Watch` keeps the observations of one attempt. `culprits()` reads the
+per-node heartbeats and names the nodes to blame, each with its evidence:
+
+- a rank whose heartbeat stopped (process frozen, SIGSTOPped, dead without exiting);
+- a rank still computing step S while its peers wait in the collective of step S;
+- a node whose heartbeat file never appeared or went stale (its local rank 0 is gone).
+When no pattern singles a node out, the result is empty: the caller may run a drill.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import Field
+
+from campaign.stagebase import StrictModel
+
+
+class WatchdogPolicy(StrictModel):
+    """Budgets of the stall watchdog (all seconds)."""
+
+    startup_s: float = Field(default=300.0, gt=0)
+    """From launch to the first reported step."""
+    step_factor: float = Field(default=3.0, gt=0)
+    """A steady-state stall is this many times the p99 step time without a new step..."""
+    floor_s: float = Field(default=10.0, gt=0)
+    """...plus this floor (absorbs logging intervals and scheduler noise)."""
+    checkpoint_s: float = Field(default=300.0, gt=0)
+    """Budget of a checkpoint save before one has been measured."""
+    checkpoint_factor: float = Field(default=3.0, gt=0)
+    """Once saves were measured: this many times the slowest one (plus the floor)."""
+    heartbeat_stale_s: float = Field(default=10.0, gt=0)
+    """A rank whose heartbeat is older than this is considered frozen."""
+    warmup_steps: int = Field(default=3, ge=0)
+    """Steps after (re)start whose times are irregular (allocator, first collectives)."""
+    warmup_s: float = Field(default=30.0, gt=0)
+    """Budget per step during those warm-up steps."""
+    exit_s: float = Field(default=60.0, gt=0)
+    """Once every rank is done, how long the job may take to exit."""
+
+
+@dataclass
+class Decision:
+    """What the watchdog concluded at one moment."""
+
+    stalled: bool
+    phase: str
+    idle_s: float
+    budget_s: float
+
+    @property
+    def reason(self) -> str:
+        return f"no new step for {self.idle_s:.1f} s in phase {self.phase} (budget {self.budget_s:.1f} s)"
+
+
+@dataclass
+class Watch:
+    """Observations of one attempt, fed by the supervisor's loop."""
+
+    started: float
+    step_times: list[float] = field(default_factory=list)
+    last_step: int = 0
+    last_progress: float = 0.0
+    checkpoint_saves: list[float] = field(default_factory=list)
+    in_checkpoint_since: float | None = None
+    exiting_since: float | None = None
+    steps_seen: int = 0
+
+    def __post_init__(self) -> None:
+        self.last_progress = self.started
+
+    def saw_steps(self, rows: list[dict[str, Any]], now: float) -> None:
+        for r in rows:
+            if int(r["step"]) > self.last_step:
+                self.last_step = int(r["step"])
+                self.last_progress = now
+                self.steps_seen += 1
+                if r.get("step_time_s") is not None:
+                    self.step_times.append(float(r["step_time_s"]))
+
+    def saw_events(self, events: list[dict[str, Any]], now: float) -> None:
+        for e in events:
+            if e.get("event") == "checkpoint_saved" and e.get("seconds") is not None:
+                self.checkpoint_saves.append(float(e["seconds"]))
+                self.last_progress = max(self.last_progress, now)
+            if e.get("event") == "checkpoint_loaded":
+                self.last_progress = max(self.last_progress, now)
+            if e.get("event") in ("done", "deadline", "nonfinite_loss"):
+                self.exiting_since = self.exiting_since or now
+
+    def saw_phases(self, phases: set[str], now: float) -> None:
+        if phases == {"done"}:
+            self.exiting_since = self.exiting_since or now
+        if "checkpoint" in phases:
+            self.in_checkpoint_since = self.in_checkpoint_since or now
+        elif self.in_checkpoint_since is not None:
+            self.in_checkpoint_since = None
+            self.last_progress = max(self.last_progress, now)
+
+
+def p99(values: list[float]) -> float:
+    if len(values) < 2:
+        return values[0] if values else 0.0
+    return statistics.quantiles(values, n=100, method="inclusive")[98]
+
+
+def decide(w: Watch, policy: WatchdogPolicy, now: float) -> Decision:
+    """Is the attempt stalled now? Pure: depends only on its arguments."""
+    idle = now - w.last_progress
+    if w.exiting_since is not None:
+        return Decision(now - w.exiting_since > policy.exit_s, "exiting", now - w.exiting_since, policy.exit_s)
+    if w.in_checkpoint_since is not None:
+        # Measured saves set the budget once there are any; before that, the configured one.
+        budget = (max(w.checkpoint_saves) * policy.checkpoint_factor + policy.floor_s if w.checkpoint_saves
+                  else policy.checkpoint_s)
+        since = max(w.in_checkpoint_since, w.last_progress)
+        return Decision(now - since > budget, "checkpoint", now - since, budget)
+    if w.last_step == 0:
+        return Decision(idle > policy.startup_s, "startup", idle, policy.startup_s)
+    # The step times of the last 200 steps describe the current regime.
+    budget = policy.step_factor * p99(w.step_times[-200:]) + policy.floor_s
+    if w.steps_seen <= policy.warmup_steps:
+        return Decision(idle > max(budget, policy.warmup_s), "warmup", idle, max(budget, policy.warmup_s))
+    return Decision(idle > budget, "steady", idle, budget)
+
+
+def culprits(beats: dict[str, dict[str, Any]], hosts: list[str], now: float,
+             policy: WatchdogPolicy) -> list[dict[str, Any]]:
+    """Nodes to blame for a stall, each {"node", "reason", "evidence"}; [] if none stands out."""
+    out: list[dict[str, Any]] = []
+    ranks = {node: b.get("ranks", {}) for node, b in beats.items()}
+    waiting = {(r.get("step")) for rs in ranks.values() for r in rs.values() if r.get("phase") == "collective"}
+    for node in hosts:
+        b = beats.get(node)
+        if b is None:
+            out.append({"node": node, "reason": "no heartbeat from this node", "evidence": {}})
+            continue
+        if now - float(b.get("time", 0)) > policy.heartbeat_stale_s:
+            out.append({"node": node, "reason": f"node heartbeat stale for {now - float(b['time']):.0f} s",
+                        "evidence": {"heartbeat_age_s": round(now - float(b["time"]), 1)}})
+            continue
+        for rank, r in sorted(ranks[node].items(), key=lambda kv: int(kv[0])):
+            age = now - float(r.get("time", 0))
+            if age > policy.heartbeat_stale_s:
+                out.append({"node": node, "reason": f"rank {rank} heartbeat stopped {age:.0f} s ago at step "
+                            f"{r.get('step')}", "evidence": {"rank": int(rank), "step": r.get("step"),
+                                                             "phase": r.get("phase"), "age_s": round(age, 1)}})
+                break
+            if r.get("phase") == "compute" and r.get("step") in waiting:
+                stuck = now - float(r.get("since", now))
+                out.append({"node": node, "reason": f"rank {rank} still computing step {r.get('step')} for "
+                            f"{stuck:.0f} s while peers wait in its collective",
+                            "evidence": {"rank": int(rank), "step": r.get("step"), "phase": "compute",
+                                         "stuck_s": round(stuck, 1)}})
+                break
+    if len(out) == len(hosts) and len(hosts) > 1:
+        return []  # everyone looks the same: no node stands out
+    return out

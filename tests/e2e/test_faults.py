@@ -1,0 +1,173 @@
+"""The fault matrix on the local site: each fault injected into a real long run (Parsl, three
+virtual nodes of one gloo rank each, two active plus a spare) and the recovery checked in
+the ledger as a user would read it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e_helpers import Workspace, tiny_spec
+
+pytestmark = pytest.mark.slow
+
+FAST_WATCHDOG = {"startup_s": 120, "step_factor": 3, "floor_s": 4, "heartbeat_stale_s": 5}
+
+
+def long_run(faults: list[dict[str, Any]], **over: Any) -> dict[str, Any]:
+    stage = {"name": "long", "kind": "long_run", "nodes": 2, "steps": 30, "checkpoint_every": 10, "max_attempts": 3,
+             "backoff_s": 0, "timeout_s": 300, "watchdog": FAST_WATCHDOG, "faults": faults}
+    stage.update(over)
+    return stage
+
+
+def ledger_view(ws: Workspace, name: str) -> dict[str, Any]:
+    """Attempts, exclusions and events of the campaign, read from the ledger."""
+    from campaign.ledger import queries as q
+
+    ledger = ws.ledger()
+    try:
+        with ledger.session() as s:
+            c = q.get_campaign(s, name)
+            assert c is not None
+            run = q.current_stage_runs(s, c)[0]
+            attempts = [{"state": a.state, "exit_code": a.exit_code, "nodes": a.nodes, "first_step": a.first_step,
+                         "last_step": a.last_step, "suspects": a.suspects, "summary": a.summary,
+                         "steps": [(m.step, m.tokens) for m in q.list_steps(s, a.id)]} for a in run.attempts]
+            exclusions = [{"node": e.node, "reason": e.reason, "evidence": e.evidence, "expires": e.expires}
+                          for e in q.list_exclusions(s, "local")]
+            events = [(e.kind, e.message) for e in q.list_events(s, c)]
+            return {"attempts": attempts, "exclusions": exclusions, "events": events, "stage": run.state,
+                    "verdict": run.verdict, "tokens": run.tokens}
+    finally:
+        ledger.close()
+
+
+def check_recovered(view: dict[str, Any], bad: str, first_class: str) -> None:
+    a1, a2 = view["attempts"][0], view["attempts"][1]
+    assert a1["state"] == first_class
+    assert bad in a1["nodes"] and [s["node"] for s in a1["suspects"]] == [bad]
+    assert [e["node"] for e in view["exclusions"]] == [bad]
+    assert view["exclusions"][0]["evidence"]["attempt"] == 1 and view["exclusions"][0]["expires"] is not None
+    assert bad not in a2["nodes"] and "local-n2" in a2["nodes"], "the spare replaces the bad node"
+    assert a2["first_step"] == 21, "relaunch resumes from the last complete checkpoint (step 20)"
+    assert a2["state"] == "succeeded" and a2["last_step"] == 30
+    assert view["stage"] == "passed"
+    kinds = [k for k, _ in view["events"]]
+    assert "node_excluded" in kinds and "relaunch" in kinds
+
+
+def test_hang_on_a_node_is_detected_excluded_and_relaunched(ws: Workspace) -> None:
+    spec = ws.write_spec(tiny_spec("hang", [long_run([{"kind": "hang", "step": 25, "node": "local-n1", "attempt": 1}])]))
+    r = ws.cli("submit", str(spec), CAMPAIGN_ALLOW_FAULTS="1")
+    assert r.code == 0, r.out + r.err
+    view = ledger_view(ws, "hang")
+    check_recovered(view, "local-n1", "stalled")
+    a1 = view["attempts"][0]
+    assert a1["exit_code"] == 124
+    assert "still computing step 25" in a1["suspects"][0]["reason"]
+    assert a1["summary"]["detected_after_s"] < 3 * 1.0 + 10, "detected within 3 step-times + 10 s"
+    assert "excluded local-n1" in r.out and "relaunching after stalled" in r.out
+
+
+def test_crash_on_a_node_is_blamed_and_recovered(ws: Workspace) -> None:
+    spec = ws.write_spec(tiny_spec("crash", [long_run([{"kind": "crash", "step": 25, "node": "local-n1", "attempt": 1,
+                                                         "exit_code": 1}])]))
+    r = ws.cli("submit", str(spec), CAMPAIGN_ALLOW_FAULTS="1")
+    assert r.code == 0, r.out + r.err
+    view = ledger_view(ws, "crash")
+    check_recovered(view, "local-n1", "crashed_node")
+    assert "exited with 1 first" in view["attempts"][0]["suspects"][0]["reason"]
+
+
+def test_sigkilled_rank_is_blamed_and_recovered(ws: Workspace) -> None:
+    spec = ws.write_spec(tiny_spec("sigkill", [long_run([{"kind": "sigkill", "step": 25, "node": "local-n0",
+                                                           "attempt": 1}])]))
+    r = ws.cli("submit", str(spec), CAMPAIGN_ALLOW_FAULTS="1")
+    assert r.code == 0, r.out + r.err
+    view = ledger_view(ws, "sigkill")
+    check_recovered(view, "local-n0", "crashed_node")
+    assert view["attempts"][0]["exit_code"] == 137
+
+
+def test_import_failure_is_systemic_and_blames_no_node(ws: Workspace, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    (broken / "torch").mkdir(parents=True)
+    (broken / "torch" / "__init__.py").write_text("raise ImportError('libtorch_cpu.so: cannot open shared object file')\n")
+    spec = ws.write_spec(tiny_spec("systemic", [long_run([], max_attempts=2)]))
+    r = ws.cli("submit", str(spec), PYTHONPATH=f"{broken}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    assert r.code == 1, r.out + r.err
+    view = ledger_view(ws, "systemic")
+    assert [a["state"] for a in view["attempts"]] == ["crashed_systemic", "crashed_systemic"]
+    assert all(a["exit_code"] == 127 and a["suspects"] == [] for a in view["attempts"])
+    assert view["exclusions"] == []
+    assert "systemic (no node blamed, none excluded)" in view["verdict"]
+    assert "attempt budget of 2 spent" in view["verdict"]
+
+
+def test_corrupted_newest_checkpoint_falls_back_to_the_previous(ws: Workspace) -> None:
+    stage = long_run([{"kind": "crash", "step": 35, "rank": 0, "attempt": 1}], steps=40, max_attempts=1)
+    spec = ws.write_spec(tiny_spec("corrupt", [stage]))
+    r = ws.cli("submit", str(spec), CAMPAIGN_ALLOW_FAULTS="1")
+    assert r.code == 1, "one attempt only: the crash fails the stage"
+    ckpt = ws.workdir / "corrupt" / "long" / "checkpoints" / "step-00000030"
+    for f in ckpt.rglob("*.distcp"):
+        f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])  # truncate the newest checkpoint's data
+    r = ws.cli("submit", str(spec), CAMPAIGN_ALLOW_FAULTS="1")
+    assert r.code == 0, r.out + r.err
+    view = ledger_view(ws, "corrupt")
+    assert view["attempts"][1]["first_step"] == 21, "resumed from step 20, not the corrupted 30"
+    assert view["stage"] == "passed"
+
+
+def test_walltime_shorter_than_the_run_checkpoints_and_continues(ws: Workspace) -> None:
+    stage = long_run([], steps=600, checkpoint_every=100, max_attempts=6)
+    spec = ws.write_spec(tiny_spec("walltime", [stage], walltime_s=25))
+    r = ws.cli("submit", str(spec))
+    assert r.code == 0, r.out + r.err
+    view = ledger_view(ws, "walltime")
+    states = [a["state"] for a in view["attempts"]]
+    assert states[-1] == "succeeded" and "walltime" in states
+    assert view["exclusions"] == [], "a walltime is not a node's fault"
+    steps = [s for a in view["attempts"] for s, _ in a["steps"]]
+    assert max(steps) == 600
+    walltimed = [a for a in view["attempts"] if a["state"] == "walltime"]
+    assert all(a["exit_code"] == 143 for a in walltimed)
+
+
+def test_kill_9_of_the_driver_then_resume_completes(ws: Workspace) -> None:
+    spec = ws.write_spec(tiny_spec("crashme", [long_run([], steps=400, checkpoint_every=20)]))
+    p = ws.popen("submit", str(spec))
+    metrics = ws.workdir / "crashme" / "long" / "attempt-001" / "metrics.jsonl"
+    deadline = time.time() + 180
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 45):
+        time.sleep(0.2)
+    assert metrics.exists(), "the long run never started"
+    second = ws.cli("submit", str(spec), timeout=60)
+    assert second.code == 2 and "is being driven by pid" in second.err, "one driver per campaign"
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    r = ws.cli("resume", "crashme")
+    assert r.code == 0, r.out + r.err
+    view = ledger_view(ws, "crashme")
+    assert view["stage"] == "passed"
+    states = [a["state"] for a in view["attempts"]]
+    assert states == ["orphaned", "succeeded"]
+    orphan, resumed = view["attempts"]
+    assert "killed" in orphan["summary"]["recovery"] or "exited" in orphan["summary"]["recovery"]
+    for a in view["attempts"]:
+        steps = [s for s, _ in a["steps"]]
+        assert steps == sorted(set(steps)), "step rows unique per attempt"
+        tokens = [t for _, t in a["steps"]]
+        assert tokens == sorted(tokens), "tokens monotonic"
+    assert (resumed["first_step"] - 1) % 20 == 0, "resumed from a complete checkpoint"
+    assert resumed["steps"][-1][0] == 400
+    assert view["tokens"] == resumed["steps"][-1][1], "stage tokens continue, not double-counted"
+    assert any(k == "attempt_orphaned" for k, _ in view["events"])
+    assert any(k == "lease_taken_over" for k, _ in view["events"])
