@@ -1,0 +1,307 @@
+"""The trainer contract, in one dependency-free module (stdlib only; no torch).
+
+Writers, for a trainer (the built-in one, or your own script in three lines)::
+
+    from campaign import report
+    rep = report.Reporter.from_env(rank=rank, local_rank=local_rank, world_size=world)
+    for step in ...:
+        rep.phase("compute", step)          # before forward/backward
+        rep.phase("collective", step)       # before the gradient all-reduce
+        rep.step(step=step, tokens=tokens, loss=loss, step_time_s=dt)
+    rep.close()                             # phase "done"
+
+Readers, for the orchestrator: `read_metrics`, `read_events`, `read_heartbeats`,
+`read_startup`, `list_checkpoints`.
+
+Files in the attempt's run directory (`CAMPAIGN_RUN_DIR`):
+
+- `metrics.jsonl`  rank 0, one JSON object per logged optimizer step.
+- `events.jsonl`   rank 0, {"event", "step", "time", ...}.
+- `startup.json`   rank 0, once after init (world size, every rank, all-reduce check).
+- `heartbeats/<node>.json`  one file per node, rewritten atomically every heartbeat
+  interval by a daemon thread of the node's local rank 0. Every rank's own daemon thread
+  writes its state to a small file on node-local storage (/dev/shm, else the temp dir);
+  local rank 0's thread folds them into the node's file. A rank's `time` is refreshed by
+  its thread while the process lives, so a SIGSTOPped process goes stale; `phase`, `step`
+  and `since` change only when the training loop says so, so a rank hung outside a
+  collective stays in "compute" at step S while its peers wait in "collective" at S.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+# Exit codes of the trainer contract (docs/trainer-contract.md).
+EXIT_OK = 0
+"""Done: the attempt reached its target."""
+EXIT_BAD_CONFIG = 93
+"""Bad configuration: do not retry."""
+EXIT_NONFINITE = 94
+"""The loss became NaN/inf: stopped instead of training on."""
+EXIT_WATCHDOG = 124
+"""Killed by the supervisor's watchdog (a stall)."""
+EXIT_BROKEN_ENV = 127
+"""Broken environment (e.g. torch fails to import): systemic, never blame a node."""
+EXIT_SIGKILL = 137
+"""SIGKILL or out of memory."""
+EXIT_SIGTERM = 143
+"""SIGTERM (walltime, cancel) or the deadline: resumable from the last checkpoint."""
+
+PHASES = ("init", "compute", "collective", "checkpoint", "done")
+EVENTS = ("start", "checkpoint_loaded", "checkpoint_saved", "done", "nonfinite_loss", "deadline")
+
+METRICS_FILE = "metrics.jsonl"
+EVENTS_FILE = "events.jsonl"
+STARTUP_FILE = "startup.json"
+HEARTBEAT_DIR = "heartbeats"
+COMPLETE_MARKER = ".complete"
+META_FILE = "meta.json"
+
+
+def checkpoint_name(step: int) -> str:
+    """Directory name of the checkpoint of `step`: `step-NNNNNNNN`."""
+    return f"step-{step:08d}"
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write `obj` as JSON to `path` through a temporary file and os.replace."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+def _append_line(path: Path, obj: dict[str, Any]) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(obj) + "\n")
+        f.flush()
+
+
+def _node_local_dir(run_dir: str, node: str, attempt: str) -> Path:
+    """A per-(attempt, node) folder on node-local storage, shared by the node's ranks."""
+    key = hashlib.sha1(f"{os.path.abspath(run_dir)}|{node}|{attempt}".encode()).hexdigest()[:16]
+    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    return Path(base) / f"campaign-{key}"
+
+
+class Reporter:
+    """Writes this rank's part of the contract. Create it once per rank with `from_env`."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        rank: int,
+        local_rank: int,
+        world_size: int,
+        node: str,
+        attempt: str = "0",
+        interval: float = 1.0,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
+        self.node, self.interval = node, interval
+        self.local_dir = _node_local_dir(str(run_dir), node, attempt)
+        self.local_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / HEARTBEAT_DIR).mkdir(parents=True, exist_ok=True)
+        now = time.time()
+        self._state: dict[str, Any] = {"step": 0, "phase": "init", "since": now, "time": now}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat_forever, name="campaign-heartbeat",
+                                        daemon=True)
+        self._publish()
+        self._thread.start()
+
+    @classmethod
+    def from_env(cls, *, rank: int, local_rank: int, world_size: int) -> Reporter:
+        """Read CAMPAIGN_RUN_DIR (default: current dir), CAMPAIGN_NODE, CAMPAIGN_ATTEMPT,
+        CAMPAIGN_HEARTBEAT_INTERVAL from the environment."""
+        return cls(
+            os.environ.get("CAMPAIGN_RUN_DIR", "."),
+            rank=rank,
+            local_rank=local_rank,
+            world_size=world_size,
+            node=node_name(),
+            attempt=os.environ.get("CAMPAIGN_ATTEMPT", "0"),
+            interval=float(os.environ.get("CAMPAIGN_HEARTBEAT_INTERVAL", "1.0")),
+        )
+
+    # --- the training loop's calls ---------------------------------------------------
+    def phase(self, phase: str, step: int) -> None:
+        """Say what this rank does now (one of PHASES) and at which step. Cheap: memory only."""
+        with self._lock:
+            if phase != self._state["phase"] or step != self._state["step"]:
+                self._state.update(phase=phase, step=step, since=time.time())
+
+    def step(self, *, step: int, tokens: int, loss: float, step_time_s: float,
+             **extra: Any) -> None:
+        """Record a finished optimizer step: rank 0 appends to metrics.jsonl."""
+        with self._lock:
+            self._state["step"] = step
+        if self.rank == 0:
+            row = {"step": step, "tokens": tokens, "loss": loss, "step_time_s": step_time_s}
+            row.update(extra)
+            row.setdefault("time", time.time())
+            _append_line(self.run_dir / METRICS_FILE, row)
+
+    def event(self, name: str, step: int, **extra: Any) -> None:
+        """Append an event (rank 0 only; other ranks ignore the call)."""
+        if self.rank == 0:
+            _append_line(self.run_dir / EVENTS_FILE,
+                         {"event": name, "step": step, "time": time.time(), **extra})
+
+    def startup(self, info: dict[str, Any]) -> None:
+        """Write startup.json (rank 0 only)."""
+        if self.rank == 0:
+            write_json_atomic(self.run_dir / STARTUP_FILE, info)
+
+    def close(self) -> None:
+        """Phase "done", a last heartbeat, and stop the thread."""
+        self.phase("done", self._state["step"])
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._publish()
+        if self.local_rank == 0:
+            # Give the node's other ranks a moment to say "done" before the last fold.
+            end = time.monotonic() + min(2.0, 2 * self.interval)
+            while time.monotonic() < end and not self._all_local_done():
+                time.sleep(0.02)
+            self._publish()
+            shutil.rmtree(self.local_dir, ignore_errors=True)
+
+    def _all_local_done(self) -> bool:
+        for f in self.local_dir.glob("rank-*.json"):
+            try:
+                if json.loads(f.read_text()).get("phase") != "done":
+                    return False
+            except (OSError, ValueError):
+                return False
+        return True
+
+    # --- heartbeat machinery ---------------------------------------------------------
+    def _beat_forever(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._publish()
+            except OSError as exc:  # a full /dev/shm or a flaky FS must not kill training
+                print(f"campaign.report: heartbeat failed: {exc}", file=sys.stderr)
+
+    def _publish(self) -> None:
+        with self._lock:
+            self._state["time"] = time.time()
+            mine = dict(self._state)
+        self.local_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self.local_dir / f"rank-{self.rank}.json", mine)
+        if self.local_rank == 0:
+            ranks: dict[str, Any] = {}
+            for f in self.local_dir.glob("rank-*.json"):
+                try:
+                    ranks[f.stem.split("-", 1)[1]] = json.loads(f.read_text())
+                except (OSError, ValueError):
+                    continue  # being replaced right now; next beat picks it up
+            ranks[str(self.rank)] = mine
+            doc = {"node": self.node, "time": time.time(), "ranks": dict(sorted(ranks.items()))}
+            write_json_atomic(self.run_dir / HEARTBEAT_DIR / f"{self.node}.json", doc)
+
+
+def node_name() -> str:
+    """The node this rank runs on: CAMPAIGN_NODE (local site), else SLURMD_NODENAME (srun:
+    Slurm's name, right even where virtual nodes share a host), else
+    MPIR_CVAR_CH3_INTERFACE_HOSTNAME (MPICH Hydra's host for this rank, e.g. under
+    `-launcher fork`), else the host name."""
+    for var in ("CAMPAIGN_NODE", "SLURMD_NODENAME", "MPIR_CVAR_CH3_INTERFACE_HOSTNAME"):
+        if os.environ.get(var):
+            return os.environ[var]
+    return socket.gethostname()
+
+
+# --- readers (for the orchestrator) ---------------------------------------------------
+def read_metrics(run_dir: str | os.PathLike[str], offset: int = 0) -> tuple[list[dict], int]:
+    """Rows of metrics.jsonl from byte `offset`; returns (rows, new_offset).
+
+    A partial last line (being written) is left for the next call: new_offset stops
+    before it. Lines that are not JSON are skipped."""
+    path = Path(run_dir) / METRICS_FILE
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    rows = []
+    for line in data[:end].splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows, offset + end
+
+
+def read_events(run_dir: str | os.PathLike[str]) -> list[dict]:
+    """All complete lines of events.jsonl."""
+    path = Path(run_dir) / EVENTS_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in text.splitlines(keepends=True):
+        if line.endswith("\n"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+def read_heartbeats(run_dir: str | os.PathLike[str]) -> dict[str, dict]:
+    """{node: heartbeat document} for every readable heartbeats/<node>.json."""
+    out = {}
+    for f in sorted((Path(run_dir) / HEARTBEAT_DIR).glob("*.json")):
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        out[doc.get("node", f.stem)] = doc
+    return out
+
+
+def read_startup(run_dir: str | os.PathLike[str]) -> dict | None:
+    """startup.json, or None if not written (yet)."""
+    try:
+        return json.loads((Path(run_dir) / STARTUP_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def list_checkpoints(checkpoint_dir: str | os.PathLike[str]) -> list[dict]:
+    """Every `step-NNNNNNNN/` folder, oldest first: {step, tokens, path, complete, time}."""
+    out = []
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        return out
+    for d in sorted(root.glob("step-*")):
+        try:
+            step = int(d.name.split("-", 1)[1])
+        except ValueError:
+            continue
+        meta: dict[str, Any] = {}
+        try:
+            meta = json.loads((d / META_FILE).read_text())
+        except (OSError, ValueError):
+            pass
+        out.append({"step": step, "tokens": meta.get("tokens"), "path": str(d),
+                    "complete": (d / COMPLETE_MARKER).exists(), "time": meta.get("time")})
+    return out

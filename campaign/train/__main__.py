@@ -1,0 +1,64 @@
+"""Entry: `python -m campaign.train --config FILE` (or under torchrun / mpiexec / srun).
+
+Parse the config, initialise the process group, train, tear down. Exit codes follow the
+trainer contract (campaign.report): 127 if torch or the trainer cannot be imported, 93 for
+a bad config, 0 / 143 / 94 from the loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+from campaign import report
+
+
+def _load_config(path: str):
+    from pydantic import ValidationError
+
+    from campaign.train.config import TrainerConfig
+
+    try:
+        with open(path) as f:
+            return TrainerConfig.model_validate_json(f.read())
+    except (OSError, ValidationError) as exc:
+        print(f"campaign.train: bad config {path}: {exc}", file=sys.stderr, flush=True)
+        sys.exit(report.EXIT_BAD_CONFIG)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m campaign.train", description=__doc__)
+    parser.add_argument("--config", required=True, help="TrainerConfig JSON file")
+    args = parser.parse_args(argv)
+    try:
+        import pydantic  # noqa: F401
+
+        from campaign.train import dist, faults, loop, signals
+    except ImportError as exc:  # torch missing or broken: systemic, not this node's fault
+        print(f"campaign.train: broken environment: {exc!r}", file=sys.stderr, flush=True)
+        return report.EXIT_BROKEN_ENV
+    cfg = _load_config(args.config)
+    faults.check_allowed(cfg.faults)
+    stop = signals.StopFlag().install()
+    env = dist.init(cfg.train.device, cfg.train.backend)
+    rep = report.Reporter.from_env(rank=env.rank, local_rank=env.local_rank,
+                                   world_size=env.world_size)
+    os.makedirs(cfg.run.checkpoint_dir, exist_ok=True)
+    rep.startup(dist.startup_check(env))
+    try:
+        code = loop.train(cfg, env, rep, stop)
+    except Exception:
+        if not stop.requested:
+            raise
+        # SIGTERM arrived and a peer went away first (its collective failed): still 143.
+        traceback.print_exc()
+        os._exit(report.EXIT_SIGTERM)
+    rep.close()
+    dist.teardown()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""Training tokens: a seeded synthetic Markov chain or a token file, read deterministically.
+
+Sample j of the stream is a pure function of (seed, j), and the batch of (step, micro-step,
+rank) is a fixed slice of consecutive sample indices, so the data position saved in a
+checkpoint is just the number of samples consumed by all ranks.
+
+`prepare_text(paths, out_path, dtype)` turns text files into a token file with a byte-level
+tokenizer (byte + 1; 0 = end of document).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+def entropy_floor(branching: int) -> float:
+    """The synthetic chain's entropy per token in nats: the best achievable mean loss."""
+    return math.log(branching)
+
+
+class MarkovSource:
+    """Each token has `branching` distinct successors, chosen uniformly."""
+
+    def __init__(self, vocab: int, branching: int, seed: int) -> None:
+        rng = np.random.default_rng([seed, 0xC0FFEE])
+        b = min(branching, vocab)
+        self.table = np.stack([rng.permutation(vocab)[:b] for _ in range(vocab)])
+        self.vocab, self.seed = vocab, seed
+
+    def sample(self, index: int, length: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, index])
+        picks = rng.integers(0, self.table.shape[1], size=length)
+        out = np.empty(length, dtype=np.int64)
+        tok = int(rng.integers(0, self.vocab))
+        for i in range(length):
+            out[i] = tok
+            tok = int(self.table[tok, picks[i]])
+        return out
+
+
+class FileSource:
+    """Random windows of a flat token file (np.memmap), the window of sample j seeded by j."""
+
+    def __init__(self, path: str, dtype: str, seed: int) -> None:
+        self.tokens = np.memmap(path, dtype=np.dtype(dtype), mode="r")
+        self.seed = seed
+
+    def sample(self, index: int, length: int) -> np.ndarray:
+        if len(self.tokens) <= length:
+            raise ValueError(f"token file has {len(self.tokens)} tokens; need > {length}")
+        start = int(np.random.default_rng([self.seed, index]).integers(0, len(self.tokens) - length))
+        return np.asarray(self.tokens[start:start + length], dtype=np.int64)
+
+
+def make_source(cfg) -> MarkovSource | FileSource:  # cfg: config.DataConfig
+    if cfg.source == "file":
+        return FileSource(cfg.path, cfg.dtype, cfg.seed)
+    return MarkovSource(cfg.synthetic_vocab, cfg.synthetic_branching, cfg.seed)
+
+
+class Sampler:
+    """Batches by position: micro-step m of rank r starts at position + (m*W + r) * B."""
+
+    def __init__(self, source, seq_len: int, micro_batch: int, rank: int, world: int,
+                 grad_accum: int, device: torch.device) -> None:
+        self.source, self.seq_len, self.micro_batch = source, seq_len, micro_batch
+        self.rank, self.world, self.grad_accum, self.device = rank, world, grad_accum, device
+        self.position = 0
+        """Samples consumed by all ranks so far (saved in checkpoints)."""
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.micro_batch * self.world * self.grad_accum
+
+    def batch(self, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        first = self.position + (micro * self.world + self.rank) * self.micro_batch
+        rows = [self.source.sample(first + i, self.seq_len + 1) for i in range(self.micro_batch)]
+        t = torch.from_numpy(np.stack(rows))
+        if self.device.type != "cpu":
+            t = t.pin_memory().to(self.device, non_blocking=True)
+        return t[:, :-1], t[:, 1:]
+
+    def advance(self) -> None:
+        self.position += self.samples_per_step
+
+
+def prepare_text(paths: list[str | os.PathLike[str]], out_path: str | os.PathLike[str],
+                 dtype: str = "uint16") -> dict:
+    """Tokenize text files byte-wise (token = byte + 1; 0 separates documents) into a flat
+    token file. Returns {"path", "tokens", "documents", "dtype", "vocab_size"}."""
+    n_tokens = 0
+    with open(out_path, "wb") as out:
+        for p in paths:
+            data = np.frombuffer(Path(p).read_bytes(), dtype=np.uint8).astype(dtype) + 1
+            out.write(data.tobytes())
+            out.write(np.zeros(1, dtype=dtype).tobytes())
+            n_tokens += len(data) + 1
+    return {"path": str(out_path), "tokens": n_tokens, "documents": len(paths), "dtype": dtype,
+            "vocab_size": 257}

@@ -1,0 +1,221 @@
+"""Build everything from a TrainerConfig, then the training loop, read top to bottom.
+
+`train(cfg, env, rep, stop)` returns the exit code of the contract: 0 done, 143 SIGTERM or
+deadline (after a checkpoint), 94 non-finite loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import resource
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from campaign import report
+from campaign.train import checkpoint, flops
+from campaign.train.config import TrainConfig, TrainerConfig
+from campaign.train.data import Sampler, make_source
+from campaign.train.dist import DistEnv
+from campaign.train.faults import Faults
+from campaign.train.model import GPT, shape_for
+from campaign.train.parallelize import CommTimer, parallelize
+from campaign.train.signals import StopFlag
+
+
+def lr_factor(t: TrainConfig, step: int) -> float:
+    """LR multiplier for optimizer step `step` (1-based): linear warm-up, then decay."""
+    if t.warmup_steps and step <= t.warmup_steps:
+        return step / t.warmup_steps
+    if t.schedule == "constant":
+        return 1.0
+    frac = min(1.0, (step - t.warmup_steps) / max(1, t.schedule_steps - t.warmup_steps))
+    decay = 0.5 * (1 + math.cos(math.pi * frac)) if t.schedule == "cosine" else 1 - frac
+    return t.min_lr_ratio + (1 - t.min_lr_ratio) * decay
+
+
+def use_bf16(t: TrainConfig, device: torch.device) -> bool:
+    return t.precision == "bf16" or (t.precision == "auto" and device.type != "cpu")
+
+
+def seed_everything(t: TrainConfig, device: torch.device) -> None:
+    if t.deterministic:
+        if device.type == "cuda":
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        # Some accelerator kernels (e.g. flash attention backward) have no deterministic
+        # variant: warn there instead of failing.
+        torch.use_deterministic_algorithms(True, warn_only=device.type != "cpu")
+    torch.manual_seed(t.seed)
+    random.seed(t.seed)
+
+
+@dataclass
+class Trainer:
+    """What the loop works with."""
+
+    model: torch.nn.Module
+    optim: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR
+    sampler: Sampler
+    comm: CommTimer
+    flops_per_token: float
+    device_name: str | None
+
+
+def build(cfg: TrainerConfig, env: DistEnv) -> Trainer:
+    t = cfg.train
+    seed_everything(t, env.device)
+    shape = shape_for(cfg.model)
+    with torch.device(env.device):
+        model = GPT(shape)
+    n_params = model.num_params()
+    model, comm = parallelize(model, parallelism=t.parallelism, device=env.device,
+                              compile=t.compile, activation_checkpointing=t.activation_checkpointing,
+                              bf16=use_bf16(t, env.device))
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optim = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=t.lr, betas=(0.9, 0.95), fused=env.device.type == "cuda")
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda e: lr_factor(t, e + 1))
+    sampler = Sampler(make_source(cfg.data), shape.seq_len, t.micro_batch_size, env.rank,
+                      env.world_size, t.grad_accum, env.device)
+    fpt = flops.flops_per_token(n_params, shape.n_layer, shape.n_head, shape.head_dim, shape.seq_len)
+    return Trainer(model, optim, sched, sampler, comm, fpt, flops.device_name(env.device))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "xpu":
+        torch.xpu.synchronize(device)
+
+
+def mem_peak_gib(device: torch.device) -> float:
+    """Accelerator: max allocated by torch. CPU: peak RSS of this process (ru_maxrss)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    if device.type == "xpu":
+        return torch.xpu.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def _no_sync(model: torch.nn.Module, sync: bool):
+    """Skip gradient reduction on all but the last micro-step (DDP no_sync / FSDP2 flag)."""
+    if hasattr(model, "no_sync"):
+        return contextlib.nullcontext() if sync else model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(sync)
+    return contextlib.nullcontext()
+
+
+def _float(x) -> float:
+    return float(x.full_tensor() if hasattr(x, "full_tensor") else x)
+
+
+def train(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag) -> int:
+    t, run = cfg.train, cfg.run
+    tr = build(cfg, env)
+    model, optim, sampler = tr.model, tr.optim, tr.sampler
+    faults = Faults(cfg.faults, rank=env.rank, node=env.node, attempt=run.attempt, should_stop=stop)
+    W, A = env.world_size, t.grad_accum
+    autocast = (torch.autocast(env.device.type, dtype=torch.bfloat16)
+                if use_bf16(t, env.device) and t.parallelism == "ddp" else contextlib.nullcontext())
+
+    step, tokens, last_save_s, step_s = 0, 0, 0.0, 0.0
+    meta = None
+    if run.resume:
+        rep.phase("checkpoint", 0)
+        meta = checkpoint.load_latest(run.checkpoint_dir, model=model, optim=optim,
+                                      sched=tr.sched, device=env.device)
+    if meta:
+        step, tokens = meta["step"], meta["tokens"]
+        sampler.position = meta["data_position"] + faults.data_shift(step)
+        if tr.sched.last_epoch != step:  # scheduler state missing (world size changed)
+            tr.sched.last_epoch = step
+            for g, base in zip(optim.param_groups, tr.sched.base_lrs):
+                g["lr"] = base * lr_factor(t, step + 1)
+    rep.event("start", step, world_size=W, resumed=bool(meta))
+    if meta:
+        rep.event("checkpoint_loaded", step, tokens=tokens,
+                  path=os.path.join(run.checkpoint_dir, report.checkpoint_name(step)))
+
+    tokens_per_step = sampler.samples_per_step * sampler.seq_len
+    while step < run.max_steps and (run.max_tokens is None or tokens < run.max_tokens):
+        step += 1
+        t0 = time.perf_counter()
+        rep.phase("compute", step)
+        faults.step_start(step, rep)
+        faults.slow(step, step_s)
+        loss_sum = torch.zeros((), device=env.device)
+        for micro in range(A):
+            last = micro == A - 1
+            x, y = sampler.batch(micro)
+            with _no_sync(model, last):
+                with autocast:
+                    loss = model(x, y) / A
+                if last:
+                    faults.before_collective(step, rep)
+                    rep.phase("collective", step)  # the backward below all-reduces gradients
+                loss.backward()
+            loss_sum += loss.detach()
+        if faults.nonfinite(step):
+            loss_sum = loss_sum * float("nan")
+        # One small collective carries the loss and every rank's stop requests.
+        # Margin: 2 x the last save time (2 s assumed before the first save) + 2 step times.
+        deadline_near = (run.deadline_unix is not None
+                         and time.time() + 2 * (last_save_s or 2.0) + 2 * step_s
+                         >= run.deadline_unix)
+        vec = torch.stack([loss_sum.float(), torch.tensor(float(stop()), device=env.device),
+                           torch.tensor(float(deadline_near), device=env.device)])
+        dist.all_reduce(vec)
+        loss_val, term_any, deadline_any = (vec[0] / W).item(), vec[1].item() > 0, vec[2].item() > 0
+        if not math.isfinite(loss_val):
+            rep.event("nonfinite_loss", step, loss=loss_val)
+            return report.EXIT_NONFINITE
+        rep.phase("compute", step)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.max_grad_norm or math.inf)
+        lr = optim.param_groups[0]["lr"]
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        tr.sched.step()
+        sampler.advance()
+        tokens += tokens_per_step
+        _sync(env.device)
+        step_s = time.perf_counter() - t0
+        final = step >= run.max_steps or (run.max_tokens is not None and tokens >= run.max_tokens)
+        if step % t.log_every == 0 or final or term_any or deadline_any:
+            tps = tokens_per_step / step_s
+            rep.step(step=step, tokens=tokens, loss=loss_val, step_time_s=step_s, lr=lr,
+                     tokens_per_s=tps, mfu=flops.mfu(tr.flops_per_token, tps / W, tr.device_name),
+                     comm_time_s=tr.comm.pop(), mem_peak_gib=mem_peak_gib(env.device),
+                     grad_norm=_float(grad_norm), time=time.time())
+        else:
+            tr.comm.pop()
+        if term_any:
+            return report.EXIT_SIGTERM
+        if (final or deadline_any or step in run.checkpoint_at
+                or (t.checkpoint_every and step % t.checkpoint_every == 0)):
+            last_save_s = _save(cfg, env, rep, tr, step, tokens)
+        if deadline_any:
+            rep.event("deadline", step, deadline_unix=run.deadline_unix)
+            return report.EXIT_SIGTERM
+    rep.event("done", step, tokens=tokens)
+    return report.EXIT_OK
+
+
+def _save(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, tr: Trainer, step: int,
+          tokens: int) -> float:
+    rep.phase("checkpoint", step)
+    t0 = time.perf_counter()
+    path = checkpoint.save(cfg.run.checkpoint_dir, step=step, tokens=tokens,
+                           data_position=tr.sampler.position, model=tr.model, optim=tr.optim,
+                           sched=tr.sched, device=env.device, keep_last=cfg.train.keep_last)
+    seconds = time.perf_counter() - t0
+    rep.event("checkpoint_saved", step, path=path, seconds=seconds, tokens=tokens)
+    return seconds

@@ -1,0 +1,172 @@
+"""A GPT-style decoder, single-device code (parallelism is applied in parallelize.py).
+
+RMSNorm, rotary position embeddings, SwiGLU or GELU MLP, optional tied embeddings, causal
+`F.scaled_dot_product_attention`. Named shapes live in `SHAPES`; `shape_for` merges a
+`ModelConfig`'s overrides. This module does not import the pydantic config, so the
+benchmark can run where pydantic is absent.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The numbers that define a model."""
+
+    n_layer: int
+    n_head: int
+    d_model: int
+    vocab_size: int
+    seq_len: int
+    activation: str = "swiglu"
+    tie_embeddings: bool = True
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def ffn_hidden(self) -> int:
+        if self.activation == "gelu":
+            return 4 * self.d_model
+        multiple = 256 if self.d_model >= 1024 else 32
+        return multiple * math.ceil(int(8 * self.d_model / 3) / multiple)
+
+
+SHAPES: dict[str, Shape] = {
+    # Trains a step in a few ms on one CPU core: for tests.
+    "tiny": Shape(n_layer=2, n_head=2, d_model=64, vocab_size=256, seq_len=64),
+    # nanoGPT's "baby GPT" width with a GPT-2 vocabulary: CPU demos.
+    "small": Shape(n_layer=6, n_head=6, d_model=384, vocab_size=50304, seq_len=256),
+    "gpt2-124m": Shape(n_layer=12, n_head=12, d_model=768, vocab_size=50304, seq_len=1024),
+    # nanoGPT's 1.31B comparison shape (its MFU benchmark on one GPU).
+    "1b": Shape(n_layer=24, n_head=16, d_model=2048, vocab_size=50304, seq_len=2048),
+    # ASSUMED: no public AuroraGPT-2B shape was found; this is a Llama-like 2B
+    # (24 x 2560, 20 heads of 128, 32k vocabulary, 4k context; ~2.0B parameters).
+    "auroragpt-2b": Shape(n_layer=24, n_head=20, d_model=2560, vocab_size=32000, seq_len=4096,
+                          tie_embeddings=False),
+}
+
+
+def shape_for(cfg: Any) -> Shape:
+    """The named shape of `cfg.size` with the non-null overrides of a ModelConfig applied."""
+    base = SHAPES[cfg.size]
+    over = {k: getattr(cfg, k) for k in ("n_layer", "n_head", "d_model", "vocab_size", "seq_len")
+            if getattr(cfg, k) is not None}
+    return replace(base, activation=cfg.activation, tie_embeddings=cfg.tie_embeddings, **over)
+
+
+def rotary_tables(seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, ...]:
+    inv = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv)
+    return freqs.cos(), freqs.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, H, T, D); rotate pairs (first half, second half) of the head dimension."""
+    d = x.shape[-1] // 2
+    x1, x2 = x[..., :d], x[..., d:]
+    cos, sin = cos[: x.shape[-2]].to(x.dtype), sin[: x.shape[-2]].to(x.dtype)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, s: Shape) -> None:
+        super().__init__()
+        self.n_head = s.n_head
+        self.qkv = nn.Linear(s.d_model, 3 * s.d_model, bias=False)
+        self.proj = nn.Linear(s.d_model, s.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, s: Shape) -> None:
+        super().__init__()
+        self.swiglu = s.activation == "swiglu"
+        self.up = nn.Linear(s.d_model, (2 if self.swiglu else 1) * s.ffn_hidden, bias=False)
+        self.proj = nn.Linear(s.ffn_hidden, s.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(x)
+        if self.swiglu:
+            gate, val = h.chunk(2, dim=-1)
+            return self.proj(F.silu(gate) * val)
+        return self.proj(F.gelu(h, approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, s: Shape) -> None:
+        super().__init__()
+        self.norm1 = nn.RMSNorm(s.d_model, eps=1e-6)
+        self.attn = Attention(s)
+        self.norm2 = nn.RMSNorm(s.d_model, eps=1e-6)
+        self.mlp = MLP(s)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cos, sin)
+        return x + self.mlp(self.norm2(x))
+
+
+class GPT(nn.Module):
+    """`forward(idx, targets)` returns the mean cross-entropy loss (or logits if no targets)."""
+
+    def __init__(self, shape: Shape) -> None:
+        super().__init__()
+        self.shape = shape
+        self.activation_checkpointing = False  # set by parallelize(); recompute each block
+        self.embed = nn.Embedding(shape.vocab_size, shape.d_model)
+        self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.n_layer))
+        self.norm = nn.RMSNorm(shape.d_model, eps=1e-6)
+        self.head = nn.Linear(shape.d_model, shape.vocab_size, bias=False)
+        if shape.tie_embeddings:
+            self.head.weight = self.embed.weight
+        cos, sin = rotary_tables(shape.seq_len, shape.head_dim)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2 * n_layer)."""
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                nn.init.ones_(p)
+            elif name.endswith("proj.weight"):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * self.shape.n_layer))
+            else:
+                nn.init.normal_(p, std=0.02)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embed(idx)
+        cos, sin = self.rope_cos, self.rope_sin
+        for block in self.blocks:
+            if self.activation_checkpointing and self.training:
+                x = checkpoint(block, x, cos, sin, use_reentrant=False)
+            else:
+                x = block(x, cos, sin)
+        return self.output(x, targets)
+
+    def output(self, x: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
+        """Final norm, head and loss: a method of its own so parallelize() can compile it
+        (with a large vocabulary, fusing the fp32 cross-entropy saves a lot of traffic)."""
+        logits = self.head(self.norm(x))
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))

@@ -1,0 +1,93 @@
+"""Apply parallelism to the single-device model, in one place and in a fixed order.
+
+Order (as torchtitan's parallelize.py): 1. activation checkpointing, 2. torch.compile (per
+block, in place, so state-dict keys do not change), 3. data parallelism: DDP, or FSDP2
+(`fully_shard` per block, then the root) with a bf16 MixedPrecisionPolicy on accelerators.
+
+Communication time (`CommTimer`): with DDP, a comm hook launches each gradient bucket's
+all-reduce and records its duration: on NCCL from CUDA events (TORCH_NCCL_ENABLE_TIMING=1,
+`Work._get_duration()`), elsewhere as host wall time from launch to the future's completion.
+FSDP2 issues its collectives internally, so comm_time_s is None there.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class CommTimer:
+    """Seconds spent in gradient collectives since the last `pop()`."""
+
+    def __init__(self) -> None:
+        self.host_s = 0.0
+        self.works: list = []
+        self.enabled = True
+
+    def pop(self) -> float | None:
+        if not self.enabled:
+            return None
+        total = self.host_s
+        for w in self.works:
+            try:
+                total += w._get_duration() / 1000.0
+            except RuntimeError:  # timing not enabled for this backend
+                pass
+        self.host_s, self.works = 0.0, []
+        return total
+
+
+def _timed_allreduce_hook(timer, bucket):  # no annotations: DDP checks them as real types
+    buf = bucket.buffer()
+    buf.div_(dist.get_world_size())
+    t0 = time.perf_counter()
+    work = dist.all_reduce(buf, async_op=True)
+    if buf.is_cuda:
+        timer.works.append(work)
+        return work.get_future().then(lambda f: f.value()[0])
+
+    def done(f: torch.futures.Future) -> torch.Tensor:
+        timer.host_s += time.perf_counter() - t0
+        return f.value()[0]
+
+    return work.get_future().then(done)
+
+
+def parallelize(model: nn.Module, *, parallelism: str, device: torch.device, compile: bool,
+                activation_checkpointing: bool, bf16: bool) -> tuple[nn.Module, CommTimer]:
+    """Returns the wrapped model and its CommTimer. `model` must already be on `device`."""
+    timer = CommTimer()
+    # 1. Activation checkpointing: each block's activations are recomputed in backward.
+    if activation_checkpointing:
+        model.activation_checkpointing = True
+    # 2. Compile each block in place (nn.Module.compile keeps parameter names), and the
+    #    output (norm, head, loss).
+    if compile:
+        for block in model.blocks:
+            block.compile()
+        model.output = torch.compile(model.output)
+    # 3. Data parallelism.
+    if parallelism == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if bf16 else MixedPrecisionPolicy())
+        for block in model.blocks:
+            fully_shard(block, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+        timer.enabled = False
+        return model, timer
+    # The model's buffers (rotary tables) are constants: no per-forward buffer broadcast,
+    # which would also be a collective hidden inside the forward pass.
+    no_sync = ({"forward_sync_buffers": False}
+               if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+               else {"broadcast_buffers": False})
+    ddp = DDP(model, device_ids=[device.index] if device.type != "cpu" else None,
+              gradient_as_bucket_view=True, **no_sync)
+    ddp.register_comm_hook(timer, _timed_allreduce_hook)
+    return ddp, timer

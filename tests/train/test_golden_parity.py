@@ -1,0 +1,49 @@
+"""Golden losses and world-size parity of the built-in trainer (CPU, gloo).
+
+Regenerate the golden file after an intended numerical change with
+`CAMPAIGN_REGEN_GOLDEN=1 pytest tests/train/test_golden_parity.py -k golden`; the test
+then rewrites tests/assets/losses/tiny_ddp_20.txt and fails, so a regeneration is never silent.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import tiny_config
+
+GOLDEN = Path(__file__).resolve().parents[1] / "assets" / "losses" / "tiny_ddp_20.txt"
+
+
+def test_golden_losses_tiny_ddp_world1(launch, tmp_path):
+    run = launch(tiny_config(tmp_path / "ck", run={"max_steps": 20}), world=1)
+    assert run.wait() == [0], run.logs()
+    got = run.losses()
+    text = "".join(f"{step} {loss!r}\n" for step, loss in sorted(got.items()))
+    if os.environ.get("CAMPAIGN_REGEN_GOLDEN") == "1":
+        GOLDEN.write_text(text)
+        pytest.fail(f"regenerated {GOLDEN}; unset CAMPAIGN_REGEN_GOLDEN and rerun")
+    want = {int(s): float(v) for s, v in (line.split() for line in GOLDEN.read_text().splitlines())}
+    assert sorted(want) == list(range(1, 21))
+    assert got == want  # exact: deterministic mode on CPU
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_world_size_parity(launch, tmp_path, parallelism):
+    """World size 1 with 4 sequences per rank == world size 2 with 2 each (same global batch)."""
+    steps = {"max_steps": 2}
+    one = launch(tiny_config(tmp_path / "ck1", run=steps,
+                             train={"parallelism": parallelism, "micro_batch_size": 4}),
+                 world=1, name="w1")
+    assert one.wait() == [0], one.logs()
+    two = launch(tiny_config(tmp_path / "ck2", run=steps,
+                             train={"parallelism": parallelism, "micro_batch_size": 2}),
+                 world=2, name="w2")
+    assert two.wait() == [0, 0], two.logs()
+    a, b = one.losses(), two.losses()
+    assert a.keys() == b.keys() == {1, 2}
+    for step in (1, 2):
+        assert b[step] == pytest.approx(a[step], rel=1e-5, abs=1e-6)

@@ -1,0 +1,113 @@
+"""Pieces of the trainer that need no process group: env parsing, schedule, data, FLOPs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from campaign.train import data, dist, flops, loop, model
+from campaign.train.config import DataConfig, ModelConfig, TrainConfig
+
+
+@pytest.mark.parametrize("env, want", [
+    ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}, (3, 8, 1, 4)),
+    ({"PMI_RANK": "13", "PMI_SIZE": "24", "PALS_LOCAL_RANKID": "1", "PALS_LOCAL_SIZE": "12"},
+     (13, 24, 1, 12)),
+    ({"PMI_RANK": "5", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "4"},
+     (5, 8, 1, 4)),
+    ({"SLURM_PROCID": "6", "SLURM_NTASKS": "8", "SLURM_LOCALID": "2",
+      "SLURM_NTASKS_PER_NODE": "4(x2)"}, (6, 8, 2, 4)),
+    ({}, (0, 1, 0, 1)),
+])
+def test_read_ranks(env, want):
+    assert dist.read_ranks(env) == want
+
+
+def test_master_from_hostfile(tmp_path):
+    hf = tmp_path / "hosts"
+    hf.write_text("x1000c0s0b0n0\nx1000c0s0b0n1\n")
+    assert dist.master_addr_port({"CAMPAIGN_HOSTFILE": str(hf)}) == ("x1000c0s0b0n0", "29500")
+    assert dist.master_addr_port({"CAMPAIGN_HOSTFILE": str(hf), "MASTER_ADDR": "a",
+                                  "CAMPAIGN_MASTER_PORT": "1234"}) == ("a", "1234")
+    assert dist.master_addr_port({"MASTER_PORT": "9", "CAMPAIGN_MASTER_PORT": "1"})[1] == "9"
+
+
+def test_lr_schedule():
+    t = TrainConfig(lr=1.0, warmup_steps=10, schedule_steps=110, min_lr_ratio=0.1)
+    assert loop.lr_factor(t, 5) == 0.5 and loop.lr_factor(t, 10) == 1.0
+    assert loop.lr_factor(t, 60) == pytest.approx(0.55)
+    assert loop.lr_factor(t, 110) == pytest.approx(0.1) == loop.lr_factor(t, 500)
+    lin = TrainConfig(schedule="linear", warmup_steps=0, schedule_steps=100, min_lr_ratio=0.0)
+    assert loop.lr_factor(lin, 50) == pytest.approx(0.5)
+
+
+def test_synthetic_source_is_deterministic_and_follows_the_chain():
+    src = data.MarkovSource(vocab=256, branching=4, seed=1)
+    a, b = src.sample(7, 65), data.MarkovSource(256, 4, 1).sample(7, 65)
+    assert np.array_equal(a, b) and not np.array_equal(a, src.sample(8, 65))
+    for prev, nxt in zip(a[:-1], a[1:]):
+        assert nxt in src.table[prev]
+    assert data.entropy_floor(4) == math.log(4)
+
+
+def test_sampler_slices_by_rank_and_micro_step():
+    src = data.MarkovSource(64, 2, 0)
+    s0 = data.Sampler(src, 8, 2, rank=0, world=2, grad_accum=2, device=torch.device("cpu"))
+    s1 = data.Sampler(src, 8, 2, rank=1, world=2, grad_accum=2, device=torch.device("cpu"))
+    one = data.Sampler(src, 8, 8, rank=0, world=1, grad_accum=1, device=torch.device("cpu"))
+    x0, _ = s0.batch(0)
+    x1, _ = s1.batch(0)
+    x0b, _ = s0.batch(1)
+    xs, ys = one.batch(0)
+    assert torch.equal(torch.cat([x0, x1, x0b]), xs[:6]) and torch.equal(xs[:, 1:], ys[:, :-1])
+    s0.advance()
+    assert s0.position == 8
+
+
+def test_file_source_and_prepare_text(tmp_path):
+    (tmp_path / "a.txt").write_text("hello")
+    (tmp_path / "b.txt").write_text("world!")
+    info = data.prepare_text([tmp_path / "a.txt", tmp_path / "b.txt"], tmp_path / "t.bin", "uint16")
+    assert info["tokens"] == 13 and info["documents"] == 2
+    toks = np.fromfile(tmp_path / "t.bin", dtype=np.uint16)
+    assert toks[5] == 0 and toks[-1] == 0 and toks[0] == ord("h") + 1
+    src = data.make_source(DataConfig(source="file", path=str(tmp_path / "t.bin")))
+    w = src.sample(3, 4)
+    assert len(w) == 4 and np.array_equal(w, src.sample(3, 4))
+
+
+def test_tiny_model_learns_toward_the_entropy_floor():
+    """150 steps on one process bring the loss near ln(branching)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the machine's other cores run other tests
+    torch.manual_seed(0)
+    shape = model.shape_for(ModelConfig(size="tiny"))
+    gpt = model.GPT(shape)
+    src = data.MarkovSource(256, 4, 3)
+    sampler = data.Sampler(src, 32, 16, 0, 1, 1, torch.device("cpu"))
+    opt = torch.optim.AdamW(gpt.parameters(), lr=1e-2)
+    for _ in range(150):
+        x, y = sampler.batch(0)
+        sampler.advance()
+        loss = gpt(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    torch.set_num_threads(threads)
+    floor = data.entropy_floor(4)
+    assert math.log(256) - 1 > loss.item() > floor - 0.05
+    assert loss.item() < floor + 0.5
+
+
+def test_named_shapes_and_mfu():
+    s = model.SHAPES["1b"]
+    assert (s.n_layer, s.n_head, s.d_model, s.vocab_size, s.seq_len) == (24, 16, 2048, 50304, 2048)
+    assert model.shape_for(ModelConfig(size="tiny", n_layer=3)).n_layer == 3
+    assert flops.peak_flops("NVIDIA H200") == 989e12
+    assert flops.peak_flops("Intel(R) Data Center GPU Max 1550") is not None
+    assert flops.peak_flops("cpu") is None and flops.mfu(1.0, 1.0, None) is None
+    # nanoGPT: 6N + 12 L H Q T
+    assert flops.flops_per_token(100, 2, 3, 4, 5) == 600 + 12 * 2 * 3 * 4 * 5
