@@ -2,9 +2,17 @@
 
     campaign submit examples/local.yaml        run a campaign (stages in order), recorded in the ledger
     campaign status [NAME] [--json]            what the ledger says (no Parsl, no torch: instant)
+    campaign status NAME --watch               refresh until the campaign stops running
+    campaign plot NAME... --kind progress      loss vs tokens (or scaling, steps) as PNG
+    campaign ledger export|import-reference    steps/attempts/nodes as CSV/JSON; reference curves in
+    campaign resume NAME                       continue after the driver died, from the ledger alone
+    campaign cancel NAME                       stop a running campaign cleanly
     campaign validate FILE                     check a campaign file; print the resolved spec or the errors
     campaign db upgrade|current                manage the ledger's schema
     campaign nodes list|exclude|include        the nodes the ledger tells every campaign not to use
+
+    --endpoint UUID on submit, status, plot, ledger export and cancel runs them through a Globus
+    Compute endpoint on the machine's login node (campaign.remote; docs/remote.md).
 
 Exit codes: 0 success, 1 a stage failed, 2 bad input or usage.
 This module imports neither torch nor parsl (a test holds that); commands import what
@@ -35,6 +43,13 @@ def _db_options(f: F) -> F:
     f = click.option("--workdir", envvar="CAMPAIGN_WORKDIR", default="campaigns", show_default=True,
                      type=click.Path(file_okay=False, path_type=Path), help=WORKDIR_HELP)(f)
     return f
+
+
+def _endpoint_option(f: F) -> F:
+    """--endpoint UUID: run the command's ledger side on a Globus Compute endpoint (campaign.remote)."""
+    return click.option("--endpoint", "endpoint", envvar="CAMPAIGN_ENDPOINT", metavar="UUID",
+                        help="Globus Compute endpoint on the machine's login node: the command runs there "
+                             "(--workdir/--db name paths on that host). See docs/remote.md.")(f)
 
 
 def _errors(f: F) -> F:
@@ -74,8 +89,10 @@ def main() -> None:
 @click.option("--dry-run", is_flag=True, help="Print what each stage would launch; submit and record nothing.")
 @click.option("--new-version", is_flag=True, help="The file changed: record it as a new version of the campaign.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only errors and the final summary's exit code.")
+@_endpoint_option
 @_errors
-def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, new_version: bool, quiet: bool) -> None:
+def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, new_version: bool, quiet: bool,
+           endpoint: str | None) -> None:
     """Run the campaign in FILE: its stages in order, skipping those already passed.
 
     The same file again continues the same campaign; a changed file under the same name is
@@ -85,11 +102,19 @@ def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, new_ver
 
     spec = spec_mod.load(file)
     spec_mod.check_faults_allowed(spec, str(file))
+    from campaign import walltime
+
+    for line in walltime.warnings(spec):  # before anything is submitted
+        click.echo(f"warning: {line}", err=True)
     if dry_run:
         from campaign.dryrun import render_dry_run
 
         click.echo(render_dry_run(spec, workdir))
         return
+    if endpoint:  # a detached driver on the endpoint's host; this returns at once
+        from campaign import remote
+
+        sys.exit(remote.submit_command(endpoint, file, workdir, db_url, new_version))
     from campaign.engine import Engine
     from campaign.progress import Progress
 
@@ -103,47 +128,159 @@ def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, new_ver
 
 
 @main.command()
-@click.argument("name", required=False)
+@click.argument("name")
 @_db_options
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (a fixed shape scripts can rely on).")
+@click.option("--quiet", "-q", is_flag=True, help="Print only errors and the final summary.")
 @_errors
-def status(name: str | None, db_url: str | None, workdir: Path, as_json: bool) -> None:
-    """Show the campaigns in the ledger, or one campaign's stages in detail.
+def resume(name: str, db_url: str | None, workdir: Path, quiet: bool) -> None:
+    """Continue campaign NAME after its driver died (or was cancelled), from the ledger alone.
 
-    With --json and a NAME, prints {"name", "state", "stages": [{"name", "kind", "state",
-    "attempts", "tokens", "last_loss", "verdict"}], "excluded_nodes"}.
+    Attempts the dead driver left open are marked `orphaned` and their jobs stopped; stages
+    already passed are not rerun; the long run continues from its last complete checkpoint.
+    Refused while another driver holds the campaign's lease.
     """
-    from campaign.errors import CampaignError as _CE
+    from campaign import spec as spec_mod
+    from campaign.engine import Engine
     from campaign.ledger import queries as q
+    from campaign.progress import Progress
 
     ledger = _open(db_url, workdir, create=False)
     try:
         with ledger.session() as s:
-            if name is None:
-                rows = [_campaign_row(s, c) for c in q.list_campaigns(s)]
-            else:
+            c = q.get_campaign(s, name)
+            if c is None:
+                raise CampaignError(f"no campaign named {name!r} in {ledger.display_url}")
+            source, spec_dir = c.spec_source, c.spec_dir
+        spec = spec_mod.loads(source, f"{name} (spec kept in the ledger)")
+        engine = Engine(spec, ledger, workdir=workdir, progress=Progress(quiet=quiet),
+                        spec_dir=Path(spec_dir) if spec_dir else None)
+        code = engine.submit(source)
+    finally:
+        ledger.close()
+    sys.exit(code)
+
+
+@main.command()
+@click.argument("name")
+@_db_options
+@click.option("--wait", "wait_s", type=float, default=60.0, show_default=True,
+              help="Seconds to wait for the driver to stop its job and record `cancelled`.")
+@_endpoint_option
+@_errors
+def cancel(name: str, db_url: str | None, workdir: Path, wait_s: float, endpoint: str | None) -> None:
+    """Stop a running campaign cleanly: its driver stops the running job, cancels its
+    scheduler jobs through the provider, and records the campaign as `cancelled`."""
+    import os
+    import signal
+    import socket
+    import time
+
+    from campaign.ledger import queries as q
+
+    if endpoint:  # the same cancel, run on the endpoint's host (where the driver runs)
+        from campaign import remote
+
+        return remote.cancel_command(endpoint, name, workdir, db_url, wait_s)
+    ledger = _open(db_url, workdir, create=False)
+    try:
+        with ledger.session() as s:
+            c = q.get_campaign(s, name)
+            if c is None:
+                raise CampaignError(f"no campaign named {name!r} in {ledger.display_url}")
+            lease = q.get_lease(s, c)
+            holder = (lease.host, lease.pid) if lease else None
+        if holder is None:
+            raise CampaignError(f"campaign {name!r} is not running (no driver holds it); its state is in `campaign status {name}`")
+        host, pid = holder
+        if host != socket.gethostname():
+            raise CampaignError(f"campaign {name!r} is driven from {host} (pid {pid}); run `campaign cancel` there, "
+                                "or through its Globus Compute endpoint with --endpoint")
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            raise CampaignError(f"the driver of {name!r} (pid {pid}) is gone; `campaign resume {name}` recovers it") from None
+        click.echo(f"asked the driver of {name} (pid {pid}) to stop")
+        end = time.monotonic() + wait_s
+        while time.monotonic() < end:
+            with ledger.session() as s:
                 c = q.get_campaign(s, name)
-                if c is None:
-                    known = ", ".join(x.name for x in q.list_campaigns(s)) or "none"
-                    raise _CE(f"no campaign named {name!r} in {ledger.display_url} (campaigns: {known})")
-                summary = q.summarize_campaign(s, c)
+                if c is not None and q.get_lease(s, c) is None:
+                    click.echo(f"{name}: {c.state}")
+                    return
+            time.sleep(0.5)
+    finally:
+        ledger.close()
+    raise CampaignError(f"the driver of {name!r} did not stop within {wait_s:g} s; it may be waiting for its job to exit")
+
+
+@main.command()
+@click.argument("name", required=False)
+@_db_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (a fixed shape scripts can rely on).")
+@click.option("--watch", is_flag=True, help="Refresh until the campaign is no longer running (Ctrl-C stops).")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True, metavar="S",
+              help="Seconds between refreshes with --watch.")
+@click.option("--count", type=click.IntRange(min=1), metavar="N", help="With --watch: stop after N refreshes.")
+@_endpoint_option
+@_errors
+def status(name: str | None, db_url: str | None, workdir: Path, as_json: bool, watch: bool, interval: float,
+           count: int | None, endpoint: str | None) -> None:
+    """Show the campaigns in the ledger, or one campaign in detail: stages with verdicts
+    and numbers, attempts with exit classes and nodes, excluded nodes, the scaling table.
+
+    With --json and a NAME, prints {"name", "state", "stages": [{"name", "kind", "state",
+    "attempts", "tokens", "last_loss", "verdict"}], "excluded_nodes"} plus the detail keys
+    "site", "version", "updated", "attempts_detail", "stage_numbers", "exclusions",
+    "scaling", "events". Reads counters only, never the step metrics: instant at any size.
+    """
+    from campaign.errors import CampaignError as _CE
+    from campaign.ledger import queries as q
+
+    if endpoint:  # the endpoint reads its ledger; the same views render it here
+        from campaign import remote
+
+        return remote.status_command(endpoint, name, workdir, db_url, as_json, watch, interval, count)
+    ledger = _open(db_url, workdir, create=False)
+
+    def fetch() -> Any:
+        with ledger.session() as s:
+            if name is None:
+                return [_campaign_row(s, c) for c in q.list_campaigns(s)]
+            c = q.get_campaign(s, name)
+            if c is None:
+                known = ", ".join(x.name for x in q.list_campaigns(s)) or "none"
+                raise _CE(f"no campaign named {name!r} in {ledger.display_url} (campaigns: {known})")
+            return q.describe_campaign(s, c)
+
+    from campaign.views import campaign_detail, campaigns_table, console
+
+    try:
+        if watch:
+            from campaign.watch import watch as watch_loop
+
+            from rich.text import Text
+
+            render = (lambda d: Text(json.dumps(d, indent=2))) if as_json else (campaigns_table if name is None else campaign_detail)
+            watch_loop(fetch, render, console(), interval=interval, count=count)
+            return
+        data = fetch()
     finally:
         ledger.close()
     if as_json:
-        click.echo(json.dumps(rows if name is None else summary, indent=2))
+        click.echo(json.dumps(data, indent=2))
         return
-    from campaign.views import campaign_table, campaigns_table, console
-
-    console().print(campaigns_table(rows) if name is None else campaign_table(summary))
+    console().print(campaigns_table(data) if name is None else campaign_detail(data))
 
 
 def _campaign_row(s: Any, c: Any) -> dict[str, Any]:
     from campaign.ledger import queries as q
 
     runs = q.current_stage_runs(s, c)
-    reached = next((r for r in reversed(runs) if r.state != "pending"), None)
+    reached = next((r for r in reversed(runs) if r.state not in ("pending", "skipped")), None)
     return {"name": c.name, "site": c.site, "state": c.state, "stage": reached.name if reached else None,
-            "tokens": int(sum(r.tokens for r in runs)), "last_loss": reached.last_loss if reached else None,
+            # An imported run's stages continue one another (cumulative tokens): its total is the largest.
+            "tokens": int(max((r.tokens for r in runs), default=0) if c.site == "imported" else sum(r.tokens for r in runs)),
+            "last_loss": reached.last_loss if reached else None,
             "updated": c.updated.strftime("%Y-%m-%d %H:%M")}
 
 
@@ -278,6 +415,184 @@ def nodes_include(node: str, site: str, db_url: str | None, workdir: Path) -> No
     if n == 0:
         raise CampaignError(f"{node} is not excluded on {site}")
     click.echo(f"{node} on {site}: {n} exclusion(s) lifted")
+
+
+# --- seeing the campaign: plots, export, imported references -----------------------------
+# Thin definitions: the work is in campaign.plots / campaign.export / ledger.queries, imported
+# when a command runs (matplotlib only by `plot`).
+
+PLOT_KINDS = ("progress", "scaling", "steps")
+
+
+def _campaigns(s: Any, patterns: tuple[str, ...], display_url: str) -> list[Any]:
+    """Campaigns named by NAME arguments; shell-style wildcards (`auroragpt-*`) allowed."""
+    import fnmatch
+
+    from campaign.ledger import queries as q
+
+    every = sorted(q.list_campaigns(s), key=lambda c: c.name)
+    found: list[Any] = []
+    for pat in patterns:
+        hits = [c for c in every if fnmatch.fnmatchcase(c.name, pat)]
+        if not hits:
+            known = ", ".join(c.name for c in every) or "none"
+            raise CampaignError(f"no campaign named {pat!r} in {display_url} (campaigns: {known})")
+        found += [c for c in hits if c not in found]
+    return found
+
+
+@main.command()
+@click.argument("names", nargs=-1, required=True, metavar="NAME...")
+@_db_options
+@click.option("--kind", type=click.Choice(PLOT_KINDS), default="progress", show_default=True,
+              help="progress: loss vs tokens; scaling: tokens/s, efficiency, collective share vs nodes; "
+                   "steps: step time and loss vs step.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("plots"),
+              show_default=True, help="Directory for the PNG files.")
+@click.option("--log-x", is_flag=True, help="Logarithmic token axis (progress).")
+@click.option("--reference", "reference_file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="A reference curve file (step|tokens,loss; optional run,stage,nodes columns) drawn in black.")
+@click.option("--stage", help="Only this stage (steps: default the stage with the most steps).")
+@click.option("--max-points", type=click.IntRange(min=10), default=4000, show_default=True,
+              help="Points per campaign, sampled in the database.")
+@_endpoint_option
+@_errors
+def plot(names: tuple[str, ...], db_url: str | None, workdir: Path, kind: str, out_dir: Path, log_x: bool,
+         reference_file: Path | None, stage: str | None, max_points: int, endpoint: str | None) -> None:
+    """Draw campaigns from the ledger as a PNG in --out: progress, scaling or steps.
+
+    Several NAMEs (shell wildcards allowed) go on one figure, e.g. a live campaign beside
+    runs imported with `campaign ledger import-reference`."""
+    from campaign import export, plots
+    from campaign.ledger import queries as q
+
+    if endpoint:  # the endpoint samples its ledger; the figure is drawn here
+        from campaign import remote
+
+        click.echo(str(remote.plot_command(endpoint, names, workdir, db_url, kind, out_dir, log_x, reference_file,
+                                           stage, max_points)))
+        return
+    ledger = _open(db_url, workdir, create=False)
+    try:
+        with ledger.session() as s:
+            found = _campaigns(s, names, ledger.display_url)
+            if kind == "scaling":
+                tables = [(f"{c.name} / {r.name}" if len(found) > 1 else r.name, r.numbers["table"])
+                          for c in found for r in q.current_stage_runs(s, c)
+                          if r.kind == "scaling" and (r.numbers or {}).get("table")]
+                if not tables:
+                    raise CampaignError(f"no scaling table in {', '.join(c.name for c in found)}: run a scaling stage first")
+                fig = plots.scaling_figure(tables)
+            else:
+                columns = ("loss", "step_time_s") if kind == "steps" else ("loss",)
+                series = [q.sample_campaign_steps(s, c, stage=stage or (_busiest_stage(s, c) if kind == "steps" else None),
+                                                  max_points=max_points, columns=columns) for c in found]
+                if kind == "steps":
+                    fig = plots.steps_figure(series)
+                else:
+                    ref = export.read_curves(reference_file) if reference_file else None
+                    fig = plots.progress_figure(series, reference=ref, log_x=log_x)
+    finally:
+        ledger.close()
+    stem = "+".join(c.name for c in found) if len(found) <= 3 else f"{found[0].name}+{len(found) - 1}-more"
+    path = plots.save(fig, out_dir / f"{stem}-{kind}.png")
+    click.echo(str(path))
+
+
+def _busiest_stage(s: Any, c: Any) -> str | None:
+    from campaign.ledger import queries as q
+
+    runs = [r for r in q.current_stage_runs(s, c) if r.steps]
+    return max(runs, key=lambda r: (r.steps, r.attempts_count)).name if runs else None
+
+
+@main.group()
+def ledger() -> None:
+    """Move ledger data out (CSV/JSON) and reference curves in."""
+
+
+@ledger.command("export")
+@click.argument("name")
+@_db_options
+@click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default="csv", show_default=True)
+@click.option("--what", type=click.Choice(["steps", "attempts", "nodes"]), default="steps", show_default=True,
+              help="steps: every step row; attempts: one row per attempt; nodes: per node used or excluded.")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), help="File to write (default: stdout).")
+@_endpoint_option
+@_errors
+def ledger_export(name: str, db_url: str | None, workdir: Path, fmt: str, what: str, out_file: Path | None,
+                  endpoint: str | None) -> None:
+    """Write campaign NAME's steps, attempts or nodes as CSV or JSON (streamed)."""
+    from campaign import export
+    from campaign.ledger import queries as q
+
+    if endpoint:  # pages of rows from the endpoint's ledger, written here as they arrive
+        from campaign import remote
+
+        n = remote.export_command(endpoint, name, workdir, db_url, fmt, what, out_file)
+        if out_file:
+            click.echo(f"{out_file}: {n} {what} row(s)", err=True)
+        return
+    led = _open(db_url, workdir, create=False)
+    out = out_file.open("w", newline="") if out_file else sys.stdout
+    try:
+        with led.session() as s:
+            c = _campaigns(s, (name,), led.display_url)[0]
+            if what == "steps":
+                rows: Any = q.iter_campaign_steps(s, c)
+                columns: Any = q.EXPORT_STEP_COLUMNS
+            elif what == "attempts":
+                rows, columns = q.describe_campaign(s, c)["attempts_detail"], export.ATTEMPT_COLUMNS
+            else:
+                rows, columns = q.list_campaign_nodes(s, c), export.NODE_COLUMNS
+            n = export.write_rows(rows, columns, fmt, out)
+    finally:
+        led.close()
+        if out_file:
+            out.close()
+    if out_file:
+        click.echo(f"{out_file}: {n} {what} row(s)", err=True)
+
+
+@ledger.command("import-reference")
+@click.argument("name")
+@click.argument("file", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@_db_options
+@click.option("--run", help="Import only this run of a file with a `run` column (as NAME).")
+@click.option("--nodes", type=click.IntRange(min=1), help="Node count of the run(s), where the file has none.")
+@click.option("--tokens-per-step", type=click.IntRange(min=1), help="Tokens per step, for a step,loss file.")
+@click.option("--replace", is_flag=True, help="Replace an imported campaign of the same name.")
+@_errors
+def ledger_import_reference(name: str, file: Path, db_url: str | None, workdir: Path, run: str | None,
+                            nodes: int | None, tokens_per_step: int | None, replace: bool) -> None:
+    """Store the loss curve(s) of FILE (`step,loss`, `tokens,loss`, or `run,stage,nodes,tokens,loss`)
+    as campaign NAME of site "imported", to plot beside live campaigns. A file of several
+    runs becomes one campaign per run, NAME-RUN (or only --run, as NAME)."""
+    from campaign import export
+    from campaign.ledger import queries as q
+
+    curves = export.read_curves(file, run=run, nodes=nodes, tokens_per_step=tokens_per_step)
+    led = _open(db_url, workdir)
+    try:
+        with led.session() as s:
+            made = []
+            for run_name, runs in curves.items():
+                target = name if run is not None or not run_name or len(curves) == 1 else f"{name}-{run_name}"
+                old = q.get_campaign(s, target)
+                if old is not None:
+                    if not (replace and old.site == "imported"):
+                        raise CampaignError(f"campaign {target!r} exists in {led.display_url}; "
+                                            + ("pass --replace to import it again" if old.site == "imported"
+                                               else "it is not an imported one: choose another NAME"))
+                    q.delete_campaign(s, old)
+                q.import_reference(s, target, runs, source=file.name)
+                points = sum(len(r["rows"]) for r in runs)
+                made.append(f"{target}: {len(runs)} curve(s), {points} point(s)"
+                            + ("" if any(p["tokens"] for r in runs for p in r["rows"]) else
+                               " (no tokens: pass --tokens-per-step to plot it against tokens)"))
+    finally:
+        led.close()
+    click.echo("imported " + "; ".join(made))
 
 
 if __name__ == "__main__":

@@ -131,12 +131,21 @@ class StageContext:
 
     def exclude_suspects(self, outcome: AttemptOutcome, *, hours: float | None) -> list[str]:
         """Exclude the outcome's suspect nodes on this site, with their evidence; returns them."""
+        return self._exclude(outcome, outcome.suspects, hours)
+
+    def exclude_stragglers(self, outcome: AttemptOutcome, *, hours: float | None) -> list[str]:
+        """Exclude the outcome's straggler nodes (the spec asked for it)."""
+        found = [{"node": st["node"], "reason": f"straggler: {st['ratio']:.1f}x the other nodes' compute time",
+                  "evidence": st} for st in outcome.report.get("stragglers") or []]
+        return self._exclude(outcome, found, hours)
+
+    def _exclude(self, outcome: AttemptOutcome, suspects: list[dict[str, Any]], hours: float | None) -> list[str]:
         expires = utcnow() + dt.timedelta(hours=hours) if hours else None
         names = []
         with self.ledger.session() as s:
             a = s.get(Attempt, outcome.attempt_id)
             assert a is not None
-            for sus in outcome.suspects:
+            for sus in suspects:
                 evidence = {**sus.get("evidence", {}), "attempt": outcome.number, "exit_class": outcome.exit_class,
                             "stall": outcome.report.get("stall")}
                 q.exclude_node(s, site=self.engine.site_name, node=sus["node"], reason=sus["reason"],
@@ -144,7 +153,7 @@ class StageContext:
                 q.add_event(s, a.stage_run.campaign, "node_excluded", f"excluded {sus['node']}: {sus['reason']}",
                             stage_run=a.stage_run, attempt=a, data={"node": sus["node"], "evidence": evidence})
                 names.append(sus["node"])
-        for sus in outcome.suspects:
+        for sus in suspects:
             self.engine.progress.event(f"excluded {sus['node']}: {sus['reason']}")
         return names
 
@@ -230,6 +239,10 @@ class StageContext:
             q.finish_attempt(s, a, state=rep["exit_class"], exit_code=rep["exit_code"],
                              suspects=rep.get("suspects", []), summary=_summary(rep))
         self.engine.progress.attempt_finished(self.run.name, number, rep)
+        for st in rep.get("stragglers") or []:
+            self.event("straggler", f"straggler {st['node']}: computes {st['ratio']:.1f}x as long per step as the "
+                       f"other nodes' median ({st['compute_s'] * 1000:.0f} ms vs {st['others_median_s'] * 1000:.0f} ms)",
+                       attempt_id=attempt_id, data=st)
         nodes = list(rep.get("nodes") or [])
         return AttemptOutcome(attempt_id, number, run_dir, nodes, len(nodes) * self.spec.site.ranks_per_node, rep,
                               metrics, report.read_startup(run_dir), checkpoints)
@@ -246,7 +259,7 @@ def _tokens_base(run: StageRun, resume: bool) -> int:
 
 def _summary(rep: dict[str, Any]) -> dict[str, Any]:
     keep = ("duration_s", "killed_by", "stall", "first_failure", "launch_command", "error", "detected_after_s",
-            "spares", "allocation")
+            "spares", "allocation", "stragglers")
     return {k: rep.get(k) for k in keep if rep.get(k) not in (None, [])}
 
 

@@ -5,7 +5,8 @@
     ├── LedgerError          the ledger cannot be used as asked (exit 2)
     │   └── SchemaOutOfDate  the ledger's schema is older than this release (exit 2)
     ├── CampaignConflict     same name, different spec, or another driver holds it (exit 2)
-    └── SiteError            the site cannot provide what a stage asks for (exit 2)
+    ├── SiteError            the site cannot provide what a stage asks for (exit 2)
+    └── RemoteError          a Globus Compute endpoint cannot be used: credentials, versions, reach (exit 2)
 """
 
 from __future__ import annotations
@@ -42,3 +43,8 @@ class CampaignConflict(CampaignError):
 
 class SiteError(CampaignError):
     """The site cannot provide what a stage asks for."""
+
+
+class RemoteError(CampaignError):
+    """A Globus Compute endpoint cannot be used as asked (`--endpoint`): no credentials,
+    other versions there, no answer, or the remote call failed."""

@@ -1,4 +1,4 @@
-"""Exit codes of the trainer contract and the exit classes of attempts.
+"""The exit classes of attempts, from the exit codes of the trainer contract (`campaign.report`).
 
 An attempt ends in exactly one class. `walltime` is the scheduler's expected deadline (a
 checkpoint-and-resubmit, not a failure), so it is kept apart from the failures, and
@@ -7,19 +7,16 @@ checkpoint-and-resubmit, not a failure), so it is kept apart from the failures, 
 
 from __future__ import annotations
 
-OK = 0
-STALLED = 124
-"""Killed by the watchdog (or the stage's hard timeout)."""
-SIGTERM = 143
-"""SIGTERM: the scheduler's walltime or a cancel."""
-SIGKILL = 137
-"""SIGKILL, often the kernel's OOM killer."""
-BROKEN_ENV = 127
-"""The environment is broken (e.g. an import failed): systemic, never a node's fault."""
-NO_RETRY = 93
-"""Bad configuration: retrying cannot help."""
-NONFINITE = 94
-"""The loss became NaN or infinite: the run stopped instead of training on."""
+from campaign.report import EXIT_BAD_CONFIG as NO_RETRY
+from campaign.report import EXIT_BROKEN_ENV as BROKEN_ENV
+from campaign.report import EXIT_NONFINITE as NONFINITE
+from campaign.report import EXIT_OK as OK
+from campaign.report import EXIT_SIGKILL as SIGKILL
+from campaign.report import EXIT_SIGTERM as SIGTERM
+from campaign.report import EXIT_WATCHDOG as STALLED
+
+__all__ = ["BROKEN_ENV", "CLASSES", "NONFINITE", "NO_RETRY", "OK", "RESUMABLE", "SIGKILL", "SIGTERM", "STALLED",
+           "classify"]
 
 CLASSES = {
     "succeeded": "the trainer finished",

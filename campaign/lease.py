@@ -83,3 +83,11 @@ class DriverLease:
             c = s.get(Campaign, self.campaign_id)
             if c is not None:
                 q.drop_lease(s, c, self.token)
+
+
+def is_live(held: Any) -> bool:
+    """Whether a lease row's driver still runs: renewed within its ttl and, when it was taken
+    on this host, its process exists. (`campaign submit --endpoint` attaches to such a driver.)"""
+    age = (utcnow() - held.renewed).total_seconds()
+    dead = held.host == socket.gethostname() and not _alive(held.pid)
+    return not dead and age < held.ttl_s

@@ -87,6 +87,11 @@ def _append_line(path: Path, obj: dict[str, Any]) -> None:
         f.flush()
 
 
+def remove_node_local(run_dir: str | os.PathLike[str], node: str, attempt: str) -> None:
+    """Remove what a killed job left on this node's local storage (a clean exit removes it)."""
+    shutil.rmtree(_node_local_dir(str(run_dir), node, attempt), ignore_errors=True)
+
+
 def _node_local_dir(run_dir: str, node: str, attempt: str) -> Path:
     """A per-(attempt, node) folder on node-local storage, shared by the node's ranks."""
     key = hashlib.sha1(f"{os.path.abspath(run_dir)}|{node}|{attempt}".encode()).hexdigest()[:16]
@@ -142,7 +147,14 @@ class Reporter:
         """Say what this rank does now (one of PHASES) and at which step. Cheap: memory only."""
         with self._lock:
             if phase != self._state["phase"] or step != self._state["step"]:
-                self._state.update(phase=phase, step=step, since=time.time())
+                now = time.time()
+                if self._state["phase"] == "compute" and phase == "collective":
+                    # Time this rank computed before joining the collective: a straggler's
+                    # is k times its peers' (EMA, so one slow step does not make a straggler).
+                    took = now - self._state["since"]
+                    ema = self._state.get("compute_s")
+                    self._state["compute_s"] = took if ema is None else 0.7 * ema + 0.3 * took
+                self._state.update(phase=phase, step=step, since=now)
 
     def step(self, *, step: int, tokens: int, loss: float, step_time_s: float,
              **extra: Any) -> None:

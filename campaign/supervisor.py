@@ -63,6 +63,7 @@ class AttemptReport:
     launch_command: list[str] = field(default_factory=list)
     error: str | None = None
     detected_after_s: float | None = None
+    stragglers: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -136,7 +137,14 @@ def supervise(request: dict[str, Any]) -> dict[str, Any]:
     verdict = _watch(job, request, hosts, start)
     failure = job.first_failure()
     code = exits.STALLED if verdict.killed_by == "stalled" else (failure[1] if failure else 0)
+    if verdict.killed_by == "exit_hung":  # the trainer's own last event says how it ended
+        code = {"done": exits.OK, "deadline": exits.SIGTERM, "nonfinite_loss": exits.NONFINITE}.get(
+            verdict.final_event or "", exits.STALLED)
     metrics, _ = report.read_metrics(run_dir)
+    policy = watchdog.WatchdogPolicy.model_validate(request.get("watchdog") or {})
+    beats = report.read_heartbeats(run_dir)
+    for node in hosts:  # what a killed job left on node-local storage (this host's nodes only)
+        report.remove_node_local(run_dir, node, str(request["env"].get("CAMPAIGN_ATTEMPT", "0")))
     # A rank that failed by itself is evidence; ranks the supervisor stopped are not.
     suspects = verdict.suspects if verdict.killed_by else _crash_suspects(failure, code)
     if verdict.killed_by in ("stop", "interrupt"):
@@ -149,7 +157,7 @@ def supervise(request: dict[str, Any]) -> dict[str, Any]:
         first_failure=None if failure is None else {"rank": failure[0], "exit_code": failure[1], "node": failure[2],
                                                       "after_s": round(failure[3] - start, 3)},
         suspects=suspects, last_step=metrics[-1]["step"] if metrics else None, launch_command=command,
-        detected_after_s=verdict.detected_after_s,
+        detected_after_s=verdict.detected_after_s, stragglers=watchdog.stragglers(beats, policy.straggler_ratio),
     )
     return _finish(run_dir, out)
 
@@ -235,6 +243,7 @@ def _start(request: dict[str, Any], run_dir: Path, hosts: list[str]) -> tuple[_J
 @dataclass
 class _Verdict:
     killed_by: str | None = None
+    final_event: str | None = None
     stall: str | None = None
     suspects: list[dict[str, Any]] = field(default_factory=list)
     detected_after_s: float | None = None
@@ -267,6 +276,12 @@ def _watch(job: _Job, request: dict[str, Any], hosts: list[str], start: float) -
             job.stop(time.time)
             return _Verdict(killed_by=None)  # the failed rank's exit is the evidence, not the stop
         decision = watchdog.decide(watch, policy, now)
+        if decision.stalled and decision.phase == "exiting":
+            # Every rank finished but the job does not exit (e.g. srun waiting on a lost
+            # socket): the training outcome is known; stop the launcher, do not call it a stall.
+            job.stop(time.time)
+            return _Verdict(killed_by="exit_hung", final_event=watch.final_event,
+                            stall=f"the job did not exit {decision.idle_s:.0f} s after the trainer finished; stopped it")
         if failure is None and (decision.stalled or now - start > timeout):
             reason = decision.reason if decision.stalled else f"hard timeout of {timeout:g} s"
             suspects = watchdog.culprits(report.read_heartbeats(run_dir), hosts, now, policy)

@@ -51,6 +51,8 @@ class WatchdogPolicy(StrictModel):
     """Budget per step during those warm-up steps."""
     exit_s: float = Field(default=60.0, gt=0)
     """Once every rank is done, how long the job may take to exit."""
+    straggler_ratio: float = Field(default=3.0, gt=1)
+    """A node whose ranks compute this many times longer than the others' median is a straggler."""
 
 
 @dataclass
@@ -78,6 +80,7 @@ class Watch:
     checkpoint_saves: list[float] = field(default_factory=list)
     in_checkpoint_since: float | None = None
     exiting_since: float | None = None
+    final_event: str | None = None
     steps_seen: int = 0
 
     def __post_init__(self) -> None:
@@ -101,6 +104,7 @@ class Watch:
                 self.last_progress = max(self.last_progress, now)
             if e.get("event") in ("done", "deadline", "nonfinite_loss"):
                 self.exiting_since = self.exiting_since or now
+                self.final_event = e["event"]
 
     def saw_phases(self, phases: set[str], now: float) -> None:
         if phases == {"done"}:
@@ -169,4 +173,24 @@ def culprits(beats: dict[str, dict[str, Any]], hosts: list[str], now: float,
                 break
     if len(out) == len(hosts) and len(hosts) > 1:
         return []  # everyone looks the same: no node stands out
+    return out
+
+
+def stragglers(beats: dict[str, dict[str, Any]], ratio: float) -> list[dict[str, Any]]:
+    """Nodes whose compute time per step (the slowest rank's, before joining the gradient
+    collective; an EMA the trainer keeps) is `ratio` times the median of the other nodes'."""
+    per_node = {}
+    for node, b in beats.items():
+        times = [float(r["compute_s"]) for r in b.get("ranks", {}).values() if r.get("compute_s") is not None]
+        if times:
+            per_node[node] = max(times)
+    out = []
+    for node, t in sorted(per_node.items()):
+        others = [v for n, v in per_node.items() if n != node]
+        if not others:
+            continue
+        median = statistics.median(others)
+        if median > 0 and t >= ratio * median:
+            out.append({"node": node, "ratio": round(t / median, 2), "compute_s": round(t, 4),
+                        "others_median_s": round(median, 4)})
     return out

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from campaign import exits, report
+from campaign import report
 from campaign.stagebase import StageSpec, Verdict
 from campaign.train.config import Fault
 from campaign.watchdog import WatchdogPolicy
@@ -53,6 +53,8 @@ class LongRunStage(StageSpec):
     """Wait before a relaunch after a systemic failure, doubled each time."""
     exclude_suspects: bool = True
     """Exclude the nodes a stall or a crash names (with evidence) before relaunching."""
+    exclude_stragglers: bool = False
+    """Also exclude straggler nodes (they are always reported, with their step-time ratio)."""
     exclusion_hours: float | None = Field(default=24.0, gt=0)
     """How long an exclusion lasts (null: until `campaign nodes include`)."""
     timeout_s: float = Field(default=86400.0, gt=0)
@@ -79,6 +81,8 @@ def run(ctx: StageContext, stage: LongRunStage) -> Verdict:
                              train={"checkpoint_every": stage.checkpoint_every}, faults=tuple(stage.faults),
                              label="" if not outcomes else f"relaunch {len(outcomes)}")
         outcomes.append(outcome)
+        if stage.exclude_stragglers and outcome.report.get("stragglers"):
+            ctx.exclude_stragglers(outcome, hours=stage.exclusion_hours)
         stop = next_action(outcomes, stage)
         if stop is not None:
             break

@@ -18,8 +18,11 @@ from pydantic import Field, model_validator
 from campaign.stagebase import StageSpec, Verdict
 from campaign.train.config import Fault
 
+UNBOUNDED = 10**9
+"""Step target of the interrupted run: it runs until the interrupt."""
+
 if TYPE_CHECKING:
-    from campaign.engine import AttemptOutcome, StageContext
+    from campaign.engine import StageContext
 
 
 class ResumeTestStage(StageSpec):
@@ -58,7 +61,8 @@ def run(ctx: StageContext, stage: ResumeTestStage) -> Verdict:
     checks = []
     for sig in stage.signals:
         ckpt = ctx.stage_dir / f"checkpoints-{sig.lower()}"
-        cut = ctx.launch(steps=stage.steps, nodes=stage.nodes, timeout_s=stage.timeout_s, resume=False,
+        # The interrupted run has no end of its own, so the interrupt always lands mid-training.
+        cut = ctx.launch(steps=UNBOUNDED, nodes=stage.nodes, timeout_s=stage.timeout_s, resume=False,
                          checkpoint_dir=ckpt, checkpoint_at=(stage.checkpoint_step,), label=f"{sig} at step "
                          f"{stage.interrupt_step}", train=no_ckpt,
                          interrupt={"after_step": stage.interrupt_step, "signal": sig})
@@ -75,8 +79,11 @@ def compare(signal: str, reference: list[dict[str, Any]], cut: dict[str, Any], r
     out: dict[str, Any] = {"signal": signal, "cut_exit_code": cut.get("exit_code"), "cut_last_step": cut.get("last_step"),
                            "resume_exit_code": resumed.get("exit_code")}
     rows = resumed.get("metrics", [])
-    if resumed.get("exit_code") != 0 or not rows:
+    if resumed.get("exit_code") != 0:
         out["problem"] = f"the resumed run exited {resumed.get('exit_code')} ({resumed.get('exit_class')})"
+        return out
+    if not rows:
+        out["problem"] = "the resumed run reported no step: it found a checkpoint at the target already"
         return out
     ref = {m["step"]: m for m in reference}
     first = rows[0]["step"]

@@ -15,7 +15,7 @@ from pydantic import Field
 from campaign.stagebase import StageSpec, Verdict
 
 if TYPE_CHECKING:
-    from campaign.engine import AttemptOutcome, StageContext
+    from campaign.engine import StageContext
 
 
 class SmokeStage(StageSpec):

@@ -20,7 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from campaign.errors import LedgerError, SchemaOutOfDate
+from campaign.errors import LedgerError
 
 
 def default_url(workdir: str | Path) -> str:

@@ -4,7 +4,8 @@
                      (heartbeat: phase "compute" at S while the peers wait in "collective")
 - hang_in_collective mark phase "collective" at S and never return
 - crash              exit with `exit_code` at the start of step S
-- slow               sleep (factor - 1) x the previous step's time at the start of step S
+- slow               from step S on, sleep (factor - 1) x the previous step's time at the
+                     start of every step: a straggler
 - sigkill            SIGKILL itself at the start of step S
 - data_off_by_one    after a resume from a checkpoint of step >= S, shift the data by one
                      sample (so a resume test can be shown to catch it)
@@ -43,6 +44,7 @@ class Faults:
                          or (f.rank is None and f.node is None))
                      and (f.attempt is None or f.attempt == attempt)]
         self.should_stop = should_stop
+        self._slow_base: float | None = None
 
     def _at(self, kind: str, step: int):
         return next((f for f in self.mine if f.kind == kind and f.step == step), None)
@@ -70,8 +72,11 @@ class Faults:
             self._block_forever()
 
     def slow(self, step: int, last_step_s: float) -> None:
-        if (f := self._at("slow", step)) is not None:
-            time.sleep((f.factor - 1.0) * last_step_s)
+        f = next((f for f in self.mine if f.kind == "slow" and step >= f.step), None)
+        if f is not None:
+            # The normal step time, taken once: later steps include the slow-down itself.
+            self._slow_base = self._slow_base or last_step_s
+            time.sleep((f.factor - 1.0) * self._slow_base)
 
     def nonfinite(self, step: int) -> bool:
         return self._at("nonfinite", step) is not None

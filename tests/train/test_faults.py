@@ -10,7 +10,7 @@ import time
 import pytest
 
 from campaign import report
-from conftest import tiny_config
+from train_helpers import tiny_config
 
 
 def _wait_for_heartbeats(run_dir, want, timeout: float = 60) -> dict:
@@ -121,7 +121,7 @@ def test_broken_torch_exits_127(launch, tmp_path):
     fake = tmp_path / "fake"
     (fake / "torch").mkdir(parents=True)
     (fake / "torch" / "__init__.py").write_text("raise ImportError('simulated broken torch')\n")
-    from conftest import REPO
+    from train_helpers import REPO
 
     run = launch(tiny_config(tmp_path / "ck"), world=1,
                  env={"PYTHONPATH": f"{fake}:{REPO}"})

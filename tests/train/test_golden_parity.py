@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tiny_config
+from train_helpers import tiny_config
 
 GOLDEN = Path(__file__).resolve().parents[1] / "assets" / "losses" / "tiny_ddp_20.txt"
 

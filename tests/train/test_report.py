@@ -8,7 +8,7 @@ import sys
 import time
 
 from campaign import report
-from conftest import REPO
+from train_helpers import REPO
 
 
 def test_read_metrics_tolerates_a_partial_last_line(tmp_path):

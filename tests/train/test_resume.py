@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from campaign import report
-from conftest import tiny_config
+from train_helpers import tiny_config
 
 pytestmark = pytest.mark.slow
 

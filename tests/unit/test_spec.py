@@ -78,7 +78,7 @@ MALFORMED: list[tuple[str, str | bytes, str]] = [
      "stagez: unknown key; did you mean 'stages'? (known here: name, description, site, model, data, trainer, stages) "
      "({f}, line 2)"),
     ("unknown-site", "name: demo\nsite:\n  kind: local\n  gpus: 4\nstages:\n  - kind: smoke\n",
-     "site.gpus: unknown key (known here: kind, nodes, ranks_per_node, node_prefix) ({f}, line 4)"),
+     "site.gpus: unknown key (known here: {local_fields}) ({f}, line 4)"),
     ("unknown-stage", "name: demo\nstages:\n  - kind: smoke\n    stepz: 4\n",
      "stages[0].stepz: unknown key; did you mean 'steps'? (known here: {smoke_fields}) ({f}, line 4)"),
     ("unknown-trainer", "name: demo\ntrainer:\n  micro_batch: 4\nstages:\n  - kind: smoke\n",
@@ -115,6 +115,22 @@ MALFORMED: list[tuple[str, str | bytes, str]] = [
      "stages[0].kind: required field is missing; known stage kinds: {stage_kinds} ({f}, line 3)"),
     ("unknown-site-kind", "name: demo\nsite:\n  kind: lcal\nstages:\n  - kind: smoke\n",
      "site.kind: unknown site kind 'lcal'; known: {site_kinds} ({f}, line 3)"),
+    # batch sites
+    ("aurora-missing-account", "name: demo\nsite:\n  kind: aurora\n  nodes: 2\nstages:\n  - kind: smoke\n",
+     "site.account: required field is missing ({f}, line 2)"),
+    ("aurora-bad-walltime", "name: demo\nsite:\n  kind: aurora\n  account: p\n  walltime: 6h\nstages:\n  - kind: smoke\n",
+     "site.walltime: walltime must be HH:MM:SS (e.g. 06:00:00), got '6h' ({f}, line 5)"),
+    ("aurora-launcher", "name: demo\nsite:\n  kind: aurora\n  account: p\n  launcher: srun\nstages:\n  - kind: smoke\n",
+     "site.launcher: must be one of 'pals' or 'mpich'; got 'srun' ({f}, line 5)"),
+    ("aurora-unknown-key", "name: demo\nsite:\n  kind: aurora\n  account: p\n  filesystem: flare\nstages:\n"
+     "  - kind: smoke\n",
+     "site.filesystem: unknown key; did you mean 'filesystems'? (known here: {aurora_fields}) ({f}, line 5)"),
+    ("polaris-negative-spares", "name: demo\nsite:\n  kind: polaris\n  account: p\n  spares: -1\nstages:\n"
+     "  - kind: smoke\n", "site.spares: must be >= 0, got -1 ({f}, line 5)"),
+    ("slurm-nodes-above-site", "name: demo\nsite:\n  kind: slurm\n  nodes: 4\nstages:\n  - kind: scaling\n"
+     "    node_counts: [1, 8]\n", "stages[0].node_counts: 8 nodes asked, but the site has 4 ({f}, line 7)"),
+    ("slurm-walltime-type", "name: demo\nsite:\n  kind: slurm\n  walltime: 3600\nstages:\n  - kind: smoke\n",
+     "site.walltime: must be text, got 3600 ({f}, line 4)"),
     # the document itself
     ("empty-file", "", "file is empty: expected a mapping with name, site and stages ({f})"),
     ("only-comments", "# name: demo\n", "file is empty: expected a mapping with name, site and stages ({f})"),
@@ -158,11 +174,14 @@ def _fields(model: type) -> str:
 
 def _expected(template: str, path: Path, marker: Path) -> str:
     from campaign import executors, stages
+    from campaign.executors.aurora import AuroraSite
+    from campaign.executors.local import LocalSite
     from campaign.stages.smoke import SmokeStage
     from campaign.train.config import TrainConfig
 
     return template.format(f=path.name, marker=marker, stage_kinds=", ".join(stages.KINDS),
                            site_kinds=", ".join(executors.KINDS), smoke_fields=_fields(SmokeStage),
+                           local_fields=_fields(LocalSite), aurora_fields=_fields(AuroraSite),
                            trainer_fields=_fields(TrainConfig))
 
 

@@ -171,3 +171,17 @@ def test_kill_9_of_the_driver_then_resume_completes(ws: Workspace) -> None:
     assert view["tokens"] == resumed["steps"][-1][1], "stage tokens continue, not double-counted"
     assert any(k == "attempt_orphaned" for k, _ in view["events"])
     assert any(k == "lease_taken_over" for k, _ in view["events"])
+
+
+def test_straggler_is_reported_with_its_ratio_and_not_excluded_by_default(ws: Workspace) -> None:
+    spec = ws.write_spec(tiny_spec("straggler", [long_run([{"kind": "slow", "step": 5, "node": "local-n1",
+                                                             "factor": 5.0}], steps=40)]))
+    r = ws.cli("submit", str(spec), CAMPAIGN_ALLOW_FAULTS="1")
+    assert r.code == 0, r.out + r.err
+    view = ledger_view(ws, "straggler")
+    found = view["attempts"][0]["summary"]["stragglers"]
+    assert [s["node"] for s in found] == ["local-n1"]
+    assert found[0]["ratio"] >= 3.0
+    assert view["exclusions"] == [], "reported, not excluded, unless the spec says so"
+    assert "straggler local-n1" in r.out
+    assert any(k == "straggler" for k, _ in view["events"])

@@ -1,0 +1,226 @@
+"""Charts of the ledger, as pure functions from query results to matplotlib Figures.
+
+    series = queries.sample_campaign_steps(session, campaign)       # downsampled in SQL
+    fig = progress_figure([series], reference=curves, log_x=True)
+    save(fig, "out/progress.png")
+
+Figures are built on the object API with the Agg canvas (no pyplot, no display), so they
+work on a login node and in tests. Only `campaign plot` imports this module.
+
+* progress: loss against cumulative tokens, one colour per run and stage, one line per
+  attempt; line style by node count (solid for the smallest, dashed for the next, ...),
+  as in AuroraGPT's production progress chart; reference curves in black and grey.
+* scaling:  tokens/s (with ideal linear scaling), efficiency and the collective-time share
+  against node count, from each scaling stage's table.
+* steps:    step time and loss against step; attempt boundaries dotted, relaunches red.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter
+
+from campaign.views import fmt_tokens
+
+DPI = 100
+PROGRESS_SIZE = (10.0, 6.0)
+"""Inches: 1000 x 600 pixels at DPI."""
+SCALING_SIZE = (14.0, 4.8)
+STEPS_SIZE = (10.0, 7.0)
+NODE_STYLES = ("-", "--", ":", "-.")
+"""Line style per node count, smallest count first."""
+REFERENCE_COLOURS = ("black", "0.45", "0.65", "0.3")
+FEW_POINTS = 20
+"""Curves with at most this many points get markers (imported end points, short stages)."""
+
+
+def _figure(size: tuple[float, float]) -> Figure:
+    fig = Figure(figsize=size, dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _finite(xs: Sequence[Any], ys: Sequence[Any], *, positive_x: bool = False) -> tuple[list[Any], list[Any]]:
+    pts = [(x, y) for x, y in zip(xs, ys) if x is not None and y is not None and math.isfinite(y)
+           and (not positive_x or x > 0)]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _token_axis(ax: Any) -> None:
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt_tokens(int(v)) if v >= 0 else ""))
+
+
+def _node_styles(counts: Sequence[int | None]) -> dict[int, str]:
+    """Line style per known node count, smallest first; unknown counts (0/None) draw solid."""
+    return {n: NODE_STYLES[i % len(NODE_STYLES)] for i, n in enumerate(sorted({n for n in counts if n}))}
+
+
+def _group(s: dict[str, Any]) -> tuple[str, str]:
+    """Series sharing a colour and a legend entry: an imported run is one curve over its
+    stages; a campaign's own stages are separate experiments, one colour each."""
+    return (s["campaign"], "") if s["site"] == "imported" else (s["campaign"], s["stage"])
+
+
+def _run_label(s: dict[str, Any], several: bool, one_count: bool = True) -> str:
+    """Legend name of a series: the run (and stage), with its node count when it has one."""
+    if s["site"] == "imported":
+        name = s["campaign"]
+    else:
+        name = f"{s['campaign']} / {s['stage']}" if several else s["stage"]
+    return f"{name} ({s['node_count']}N)" if s.get("node_count") and one_count else name
+
+
+def progress_figure(campaigns: Sequence[Sequence[dict[str, Any]]], *, reference: dict[str, list[dict[str, Any]]] | None = None,
+                    log_x: bool = False, title: str | None = None) -> Figure:
+    """Loss against cumulative tokens. `campaigns`: per campaign, the attempt series of
+    `queries.sample_campaign_steps`; `reference`: curves of `export.read_curves`. Each
+    attempt's line has gid CAMPAIGN/STAGE/ATTEMPT (a reference run's: reference/RUN).
+    In an imported run (site "imported"), a stage whose tokens continue where the previous
+    stage ended is drawn joined to it (stage 2 of a pretraining run goes on from stage 1);
+    a campaign's own stages each start afresh and stay apart."""
+    fig = _figure(PROGRESS_SIZE)
+    ax = fig.add_subplot()
+    series = [s for c in campaigns for s in c if any(t for t in s["tokens"])]
+    # A reference run is one curve: its stages continue one another, in file order.
+    ref_runs = [(run, {"node_count": curves[0]["node_count"], "rows": [r for c in curves for r in c["rows"]]})
+                for run, curves in (reference or {}).items()]
+    styles = _node_styles([s["node_count"] for s in series] + [c["node_count"] for _, c in ref_runs])
+    group_nodes: dict[tuple[str, str], set[int]] = {}
+    for s in series:
+        group_nodes.setdefault(_group(s), set()).add(s["node_count"])
+    several = len({s["campaign"] for s in series}) > 1
+    colours: dict[tuple[str, str], Any] = {}
+    labelled: set[tuple[str, str]] = set()
+    last_point: dict[str, tuple[float, float, str]] = {}
+    for s in series:
+        key = _group(s)
+        colour = colours.setdefault(key, f"C{len(colours) % 10}")
+        xs, ys = _finite(s["tokens"], s["loss"], positive_x=log_x)
+        prev = last_point.get(s["campaign"])
+        if prev and s["site"] == "imported" and prev[2] != s["stage"] and xs and xs[0] >= prev[0] and s["number"] == 1:
+            xs, ys = [prev[0], *xs], [prev[1], *ys]
+        if xs:
+            last_point[s["campaign"]] = (xs[-1], ys[-1], s["stage"])
+        ax.plot(xs, ys, color=colour, linestyle=styles.get(s["node_count"], "-"), linewidth=1.6,
+                marker="o" if len(xs) <= FEW_POINTS else None, markersize=4, gid=f"{s['campaign']}/{s['stage']}/{s['number']}",
+                label=_run_label(s, several, len(group_nodes[key]) == 1) if key not in labelled else "_nolegend_")
+        labelled.add(key)
+    for i, (run, c) in enumerate(ref_runs):
+        xs, ys = _finite([r["tokens"] for r in c["rows"]], [r["loss"] for r in c["rows"]], positive_x=log_x)
+        nodes = f" ({c['node_count']}N)" if c["node_count"] else ""
+        ax.plot(xs, ys, color=REFERENCE_COLOURS[i % len(REFERENCE_COLOURS)], linestyle=styles.get(c["node_count"], "-"),
+                linewidth=1.2, marker="s" if len(xs) <= FEW_POINTS else None, markersize=4, zorder=1,
+                gid=f"reference/{run}", label=f"reference{': ' + run if run else ''}{nodes}")
+    if log_x:
+        ax.set_xscale("log")
+    _token_axis(ax)
+    names = ", ".join(dict.fromkeys(s["campaign"] for s in series)) or "no runs with tokens"
+    ax.set_title(title or f"Loss vs tokens: {names}")
+    ax.set_xlabel("tokens (cumulative over each stage's attempts)" + (", log scale" if log_x else ""))
+    ax.set_ylabel("training loss")
+    ax.grid(True, alpha=0.3, which="both" if log_x else "major")
+    handles, labels = ax.get_legend_handles_labels()
+    if len(styles) > 1:  # a key to the line styles
+        for n, style in styles.items():
+            handles.append(Line2D([], [], color="0.3", linestyle=style))
+            labels.append(f"{n} node{'s' if n != 1 else ''}")
+    if handles:
+        ax.legend(handles, labels, fontsize=8, loc="upper right")
+    return fig
+
+
+def scaling_figure(tables: Sequence[tuple[str, Sequence[dict[str, Any]]]], *, min_efficiency: float | None = None,
+                   title: str | None = None) -> Figure:
+    """Tokens/s, efficiency and collective-time share against node count; `tables`: (run
+    label, scaling table rows) pairs. Lines carry gid LABEL/tokens_per_s|efficiency|comm_share."""
+    fig = _figure(SCALING_SIZE)
+    ax_tps, ax_eff, ax_comm = fig.subplots(1, 3)
+    for i, (label, rows) in enumerate(tables):
+        colour = f"C{i % 10}"
+        nodes = [r["nodes"] for r in rows]
+        xs, tps = _finite(nodes, [r.get("tokens_per_s") for r in rows])
+        ax_tps.plot(xs, tps, "o-", color=colour, gid=f"{label}/tokens_per_s", label=label)
+        if xs:
+            ax_tps.plot(xs, [tps[0] * n / xs[0] for n in xs], ":", color=colour, alpha=0.6, gid=f"{label}/ideal",
+                        label=f"{label}: ideal")
+        xe, eff = _finite(nodes, [r.get("efficiency") for r in rows])
+        ax_eff.plot(xe, eff, "o-", color=colour, gid=f"{label}/efficiency", label=label)
+        xc, share = _finite(nodes, [r.get("comm_share") for r in rows])
+        ax_comm.plot(xc, [100 * v for v in share], "o-", color=colour, gid=f"{label}/comm_share", label=label)
+    if min_efficiency is not None:
+        ax_eff.axhline(min_efficiency, color="red", linestyle="--", linewidth=1, label=f"floor {min_efficiency:g}")
+    ax_tps.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: fmt_tokens(int(v))))
+    for ax, ylabel, name in ((ax_tps, "tokens/s", "Throughput"), (ax_eff, "efficiency (per-node tokens/s vs smallest)",
+                                                                   "Scaling efficiency"),
+                             (ax_comm, "collective time, % of step", "Collective-time share")):
+        ax.set_xlabel("nodes")
+        ax.set_ylabel(ylabel)
+        ax.set_title(name)
+        ax.grid(True, alpha=0.3)
+        counts = sorted({r["nodes"] for _, rows in tables for r in rows})
+        if counts:
+            ax.set_xticks(counts)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    ax_eff.set_ylim(bottom=0)
+    ax_comm.set_ylim(bottom=0)
+    fig.suptitle(title or "Scaling: " + ", ".join(label for label, _ in tables))
+    return fig
+
+
+def steps_figure(campaigns: Sequence[Sequence[dict[str, Any]]], *, title: str | None = None) -> Figure:
+    """Step time (ms) and loss against step. Series as in `progress_figure` with the
+    `step_time_s` column; lines carry gid CAMPAIGN/STAGE/ATTEMPT/step_time|loss. Every
+    attempt's first step is marked (dotted); a relaunch (after a failed attempt of the
+    same stage) in red, named with the exit class it followed."""
+    fig = _figure(STEPS_SIZE)
+    ax_time, ax_loss = fig.subplots(2, 1, sharex=True)
+    several = len({s["campaign"] for c in campaigns for s in c}) > 1
+    colours: dict[tuple[str, str], str] = {}
+    for c in campaigns:
+        prev: dict[str, Any] | None = None
+        for s in c:
+            key = (s["campaign"], s["stage"])
+            new = key not in colours
+            colour = colours.setdefault(key, f"C{len(colours) % 10}")
+            gid = f"{key[0]}/{key[1]}/{s['number']}"
+            label = f"{_run_label(s, several)}" if new else "_nolegend_"
+            xs, ts = _finite(s["steps"], s.get("step_time_s", []))
+            ax_time.plot(xs, [1000 * t for t in ts], color=colour, linewidth=1.2, gid=f"{gid}/step_time", label=label)
+            xl, ls = _finite(s["steps"], s["loss"])
+            ax_loss.plot(xl, ls, color=colour, linewidth=1.2, gid=f"{gid}/loss", label=label)
+            relaunch = prev is not None and prev["stage"] == s["stage"] and prev["state"] not in ("succeeded", "running")
+            if s["steps"] and (relaunch or s["number"] > 1):
+                first = s["steps"][0]
+                for ax in (ax_time, ax_loss):
+                    ax.axvline(first, color="red" if relaunch else "0.5", linestyle="--" if relaunch else ":",
+                               linewidth=1, gid=f"{gid}/{'relaunch' if relaunch else 'boundary'}")
+                if relaunch:
+                    ax_time.annotate(f"relaunch #{s['number']}\nafter {prev['state']}", (first, 1), xycoords=("data", "axes fraction"),
+                                     xytext=(3, -3), textcoords="offset points", va="top", fontsize=8, color="red")
+            prev = s
+    ax_time.set_ylabel("step time (ms)")
+    ax_loss.set_ylabel("training loss")
+    ax_loss.set_xlabel("step")
+    for ax in (ax_time, ax_loss):
+        ax.grid(True, alpha=0.3)
+    if ax_loss.get_legend_handles_labels()[0]:
+        ax_loss.legend(fontsize=8, loc="upper right")
+    names = ", ".join(dict.fromkeys(f"{s['campaign']} / {s['stage']}" for c in campaigns for s in c))
+    ax_time.set_title(title or f"Step time and loss: {names}")
+    return fig
+
+
+def save(fig: Figure, path: str | Path) -> Path:
+    """Write the figure as PNG (its size in inches times DPI pixels) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, format="png")
+    return path

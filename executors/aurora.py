@@ -1,0 +1,99 @@
+"""The `aurora` site: ALCF Aurora, PBS Pro blocks, PALS `mpiexec`, 12 ranks per node.
+
+Fields a user changes (in the campaign file, under `site:`):
+    account        your ALCF project (qsub -A)
+    queue          `debug` (1-2 nodes), `debug-scaling` (2-31), `prod` (routes by size)
+    walltime       of one block, HH:MM:SS (prod: up to 6 h for <= 512 nodes, 12 h for 513-1024)
+    nodes, spares  active nodes a stage may use, and extra nodes that replace excluded ones
+    worker_init    activates your environment, e.g. `module load frameworks; source ~/venv/bin/activate`
+
+A block is `qsub -l select=N:ncpus=208 -l filesystems=home:flare -l place=scatter`, as
+ALCF recommends (https://docs.alcf.anl.gov/aurora/running-jobs-aurora/, and Parsl on
+Aurora: https://docs.alcf.anl.gov/aurora/workflows/parsl/). One Parsl worker runs on the
+head node; the trainer is started with PALS `mpiexec --hostfile` over the active nodes,
+12 ranks per node, `--cpu-bind=list:...` leaving cores 0 and 52 to the OS and one GPU tile
+per rank (`--gpu-bind=list:0.0:0.1:...`; set `gpu_bind: null` with
+`ZE_FLAT_DEVICE_HIERARCHY=FLAT`, see docs/launchers.md).
+
+`launcher: mpich` is a STAND-IN for tests on one machine (the PBS emulator in tests/infra):
+MPICH `mpiexec -launcher fork` starts every rank locally under the node names of
+`PBS_NODEFILE`; the CPU/GPU binding is dropped and `MASTER_ADDR` is 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from campaign.executors import batch
+from campaign.executors.launchers import AURORA_CPU_BIND, AURORA_GPU_BIND, AURORA_RANKS_PER_NODE
+
+if TYPE_CHECKING:
+    from parsl.config import Config
+    from parsl.providers import PBSProProvider
+
+CPUS_PER_NODE = 208
+"""Logical CPUs of an Aurora node (2 x 52 cores x 2 hyperthreads): PBS `ncpus`."""
+
+
+class AuroraSite(batch.BatchSite):
+    """ALCF Aurora: PBS Pro blocks, PALS mpiexec, one rank per GPU tile."""
+
+    kind: Literal["aurora"] = "aurora"
+    """Site kind."""
+    account: str = Field(min_length=1)
+    """ALCF project charged for the blocks (qsub -A)."""
+    queue: str = "prod"
+    """PBS queue: debug, debug-scaling, prod (a routing queue)."""
+    filesystems: str = "home:flare"
+    """Filesystems the job needs (-l filesystems=); add daos_user for DAOS."""
+    place: str = "scatter"
+    """Chunk placement (-l place=)."""
+    ranks_per_node: int = Field(default=AURORA_RANKS_PER_NODE, ge=1, le=208)
+    """Ranks per node (12: one per GPU tile)."""
+    cpu_bind: str | None = AURORA_CPU_BIND
+    """PALS --cpu-bind value (default: 8 cores per rank, cores 0 and 52 left to the OS)."""
+    gpu_bind: str | None = AURORA_GPU_BIND
+    """PALS --gpu-bind value (default: rank i on tile i//2.i%2); null to leave binding to the trainer."""
+    launcher: Literal["pals", "mpich"] = "pals"
+    """`pals` on Aurora; `mpich` (mpiexec -launcher fork) is the single-machine test stand-in."""
+
+    def launch_options(self) -> dict[str, Any]:
+        """The supervisor's `request["launch"]`: binding and extra environment."""
+        if self.launcher == "mpich":  # every rank runs here: no binding, loopback rendezvous
+            return {"env": {"MASTER_ADDR": "127.0.0.1", **self.env}}
+        return {"cpu_bind": self.cpu_bind, "gpu_bind": self.gpu_bind, "env": dict(self.env)}
+
+
+def _directives(site: AuroraSite) -> str:
+    lines = [f"#PBS -l filesystems={site.filesystems}", f"#PBS -l place={site.place}", "#PBS -k doe"]
+    return "\n".join(lines + ([site.scheduler_options.strip()] if site.scheduler_options.strip() else []))
+
+
+def provider(site: AuroraSite, cls: type | None = None) -> PBSProProvider:
+    """The site's PBSProProvider (`cls`: a subclass, for the dry run)."""
+    from parsl.providers import PBSProProvider
+
+    kwargs = batch.provider_kwargs(site)
+    return (cls or PBSProProvider)(account=site.account, queue=site.queue, cpus_per_node=CPUS_PER_NODE,
+                                   scheduler_options=_directives(site), **kwargs)
+
+
+def parsl_config(site: AuroraSite, run_dir: Path) -> Config:
+    """A fresh Parsl Config: one PBS Pro block of nodes + spares, one worker on its head node."""
+    return batch.parsl_config(site, provider(site), run_dir)
+
+
+def cancel_jobs(site: AuroraSite, job_ids: list[str]) -> list[bool]:
+    """qdel the jobs through the provider."""
+    return batch.cancel_jobs(provider(site), job_ids)
+
+
+def dry_run(site: AuroraSite, script_dir: Path) -> tuple[str, list[str]]:
+    """(PBS script, qsub command) of the first block; nothing is submitted or written."""
+    from parsl.providers import PBSProProvider
+
+    return batch.dry_run_block(lambda cls: provider(site, cls), PBSProProvider, site, script_dir,
+                               "DRYRUN.aurora-pbs-0001.hostmgmt.cm.aurora.alcf.anl.gov")

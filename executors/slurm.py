@@ -1,0 +1,90 @@
+"""The `slurm` site: any Slurm cluster, `sbatch` blocks, `srun` for the trainer.
+
+Fields a user changes (in the campaign file, under `site:`):
+    partition      the partition (sbatch --partition); account if the cluster wants one
+    walltime       of one block, HH:MM:SS
+    nodes, spares  active nodes a stage may use, and extra nodes that replace excluded ones
+    ranks_per_node one per GPU on a GPU cluster
+    worker_init    activates your environment, e.g. `module load python; source ~/venv/bin/activate`
+
+A block is one `sbatch` job of nodes + spares nodes (Parsl's SlurmProvider). One Parsl
+worker runs in the batch step on the first node; the trainer is started with
+`srun --nodes=N --ntasks=W --nodelist=<active nodes> --exclude=<excluded nodes>`, so no
+rank can land on a node the ledger excludes, and each rank knows its node from
+`SLURMD_NODENAME`. On NVIDIA machines without NVLink multicast add
+`NCCL_NVLS_ENABLE: "0"` (and friends, see docs/launchers.md) to `env`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from campaign.executors import batch
+
+if TYPE_CHECKING:
+    from parsl.config import Config
+    from parsl.providers import SlurmProvider
+
+
+class SlurmSite(batch.BatchSite):
+    """A Slurm cluster: sbatch blocks, srun with --nodelist/--exclude."""
+
+    kind: Literal["slurm"] = "slurm"
+    """Site kind."""
+    partition: str | None = None
+    """Partition of the blocks (sbatch --partition); null: the cluster's default."""
+    account: str | None = None
+    """Account charged (sbatch --account); null: your default."""
+    qos: str | None = None
+    """Quality of service (sbatch --qos)."""
+    ranks_per_node: int = Field(default=1, ge=1, le=256)
+    """Ranks per node (srun --ntasks-per-node)."""
+    gpus_per_node: int | None = Field(default=None, ge=1)
+    """GPUs to request per node (sbatch --gpus-per-node)."""
+    cpus_per_task: int | None = Field(default=None, ge=1)
+    """CPUs per rank (srun --cpus-per-task)."""
+    cpu_bind: str | None = None
+    """srun --cpu-bind value (e.g. `cores`)."""
+    gpu_bind: str | None = None
+    """srun --gpu-bind value (e.g. `closest`)."""
+    exclusive: bool = True
+    """Ask for whole nodes (sbatch --exclusive)."""
+
+    @property
+    def launcher(self) -> str:
+        return "srun"
+
+    def launch_options(self) -> dict[str, Any]:
+        """The supervisor's `request["launch"]`: srun binding and extra environment."""
+        return {"cpu_bind": self.cpu_bind, "gpu_bind": self.gpu_bind, "depth": self.cpus_per_task,
+                "env": dict(self.env)}
+
+
+def provider(site: SlurmSite, cls: type | None = None) -> SlurmProvider:
+    """The site's SlurmProvider (`cls`: a subclass, for the dry run)."""
+    from parsl.providers import SlurmProvider
+
+    return (cls or SlurmProvider)(partition=site.partition, account=site.account, qos=site.qos,
+                                  gpus_per_node=site.gpus_per_node, exclusive=site.exclusive,
+                                  scheduler_options=site.scheduler_options.strip(), **batch.provider_kwargs(site))
+
+
+def parsl_config(site: SlurmSite, run_dir: Path) -> Config:
+    """A fresh Parsl Config: one Slurm block of nodes + spares, one worker on its first node."""
+    return batch.parsl_config(site, provider(site), run_dir)
+
+
+def cancel_jobs(site: SlurmSite, job_ids: list[str]) -> list[bool]:
+    """scancel the jobs through the provider."""
+    return batch.cancel_jobs(provider(site), job_ids)
+
+
+def dry_run(site: SlurmSite, script_dir: Path) -> tuple[str, list[str]]:
+    """(sbatch script, sbatch command) of the first block; nothing is submitted or written."""
+    from parsl.providers import SlurmProvider
+
+    return batch.dry_run_block(lambda cls: provider(site, cls), SlurmProvider, site, script_dir,
+                               "Submitted batch job 0")

@@ -1,0 +1,124 @@
+"""The stage kinds end to end on the local site (Parsl, virtual nodes, gloo ranks), and the
+whole example campaign as a newcomer runs it."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from e2e_helpers import REPO, Workspace, tiny_spec
+
+pytestmark = pytest.mark.slow
+
+
+def loss_stage(reference: dict[str, object]) -> dict[str, object]:
+    return {"name": "loss", "kind": "loss_check", "steps": 20, "window": 5, "tolerance": 0.10, "reference": reference}
+
+
+def test_loss_check_against_recorded_reference_and_shifted_csv(ws: Workspace) -> None:
+    a = ws.write_spec(tiny_spec("ref", [loss_stage({"record": True})], nodes=2), "ref.yaml")
+    assert ws.cli("submit", str(a)).code == 0
+    b = ws.write_spec(tiny_spec("same", [loss_stage({"stage_run": "ref/loss"})], nodes=2), "same.yaml")
+    r = ws.cli("submit", str(b))
+    assert r.code == 0, r.out + r.err
+    same = ws.status("same")["stages"][0]
+    assert same["state"] == "passed" and "difference +0.0000" in same["verdict"]
+
+    ledger = ws.ledger()
+    from campaign.ledger import queries as q
+
+    with ledger.session() as s:
+        run = q.get_stage_run(s, "ref", "loss")
+        rows = q.list_steps(s, run.attempts[0].id)
+        curve = [(m.step, m.loss + 0.2) for m in rows]
+    ledger.close()
+    (ws.root / "shifted.csv").write_text("step,loss\n" + "".join(f"{st},{lo!r}\n" for st, lo in curve))
+    c = ws.write_spec(tiny_spec("shifted", [loss_stage({"file": "shifted.csv"})], nodes=2), "shifted.yaml")
+    r = ws.cli("submit", str(c))
+    assert r.code == 1
+    verdict = ws.status("shifted")["stages"][0]["verdict"]
+    assert "difference -0.2000, outside ±0.1" in verdict, verdict
+
+
+def test_scaling_records_one_row_per_node_count(ws: Workspace) -> None:
+    stage = {"name": "scale", "kind": "scaling", "node_counts": [1, 2], "batch": "strong", "steps": 8,
+             "warmup_steps": 2, "min_efficiency": 0.01, "loss_tolerance": 0.10}
+    spec = ws.write_spec(tiny_spec("scale", [stage], nodes=2))
+    r = ws.cli("submit", str(spec))
+    assert r.code == 0, r.out + r.err
+    from campaign.ledger import queries as q
+
+    ledger = ws.ledger()
+    with ledger.session() as s:
+        run = q.get_stage_run(s, "scale", "scale")
+        table = run.numbers["table"]
+        labels = [a.label for a in run.attempts]
+    ledger.close()
+    assert [row["nodes"] for row in table] == [1, 2] and [row["ranks"] for row in table] == [1, 2]
+    for row in table:
+        assert row["tokens_per_s"] > 0 and row["step_time_s"] > 0 and row["last_step"] == 8
+        assert row["comm_share"] is not None and 0 <= row["comm_share"] < 1
+    assert table[0]["efficiency"] == 1.0
+    assert abs(table[1]["last_loss"] - table[0]["last_loss"]) < 0.01, "strong scaling follows the same curve"
+    assert labels == ["1 node(s)", "2 node(s)"]
+    assert "scaling table" in r.out
+
+
+def resume_stage(**over: object) -> dict[str, object]:
+    stage = {"name": "resume", "kind": "resume_test", "checkpoint_step": 6, "interrupt_step": 8, "steps": 10,
+             "signals": ["SIGKILL"], "tolerance": 0.0}
+    stage.update(over)
+    return stage
+
+
+def test_resume_test_is_bit_exact_and_catches_an_off_by_one(ws: Workspace) -> None:
+    good = ws.write_spec(tiny_spec("resume-ok", [resume_stage()], nodes=2), "ok.yaml")
+    r = ws.cli("submit", str(good))
+    assert r.code == 0, r.out + r.err
+    assert "SIGKILL: resumed from step 6, equal bit for bit" in ws.status("resume-ok")["stages"][0]["verdict"]
+
+    fault = [{"kind": "data_off_by_one", "step": 1, "attempt": 3}]
+    bad = ws.write_spec(tiny_spec("resume-bad", [resume_stage(faults=fault)], nodes=2), "bad.yaml")
+    refused = ws.cli("submit", str(bad))
+    assert refused.code == 2 and "CAMPAIGN_ALLOW_FAULTS=1" in refused.err, "faults never run by accident"
+    r = ws.cli("submit", str(bad), CAMPAIGN_ALLOW_FAULTS="1")
+    assert r.code == 1
+    verdict = ws.status("resume-bad")["stages"][0]["verdict"]
+    assert "loss differs first at step 7" in verdict, verdict
+
+
+def test_cancel_stops_a_running_campaign(ws: Workspace) -> None:
+    stage = {"name": "long", "kind": "long_run", "steps": 100000, "checkpoint_every": 1000}
+    spec = ws.write_spec(tiny_spec("cancelme", [stage], nodes=2))
+    p = ws.popen("submit", str(spec))
+    metrics = ws.workdir / "cancelme" / "long" / "attempt-001" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size > 0):
+        time.sleep(0.2)
+    r = ws.cli("cancel", "cancelme", "--wait", "60")
+    assert r.code == 0, r.out + r.err
+    assert p.wait(timeout=60) == 130
+    status = ws.status("cancelme")
+    assert status["state"] == "cancelled"
+    assert status["stages"][0]["verdict"] == "cancelled by the user"
+    import subprocess
+
+    left = subprocess.run(["pgrep", "-f", f"CAMPAIGN_RUN_DIR={metrics.parent}"], capture_output=True)
+    assert left.returncode == 1, "no trainer process left behind"
+
+
+def test_local_example_passes_all_five_stages(ws: Workspace) -> None:
+    r = ws.cli("submit", str(REPO / "examples" / "local.yaml"), timeout=900)
+    assert r.code == 0, r.out + r.err
+    status = ws.status("local-demo")
+    assert status["state"] == "succeeded"
+    assert [s["kind"] for s in status["stages"]] == ["smoke", "loss_check", "scaling", "long_run", "resume_test"]
+    for st in status["stages"]:
+        assert st["state"] == "passed", st
+        assert st["tokens"] > 0 and st["last_loss"] is not None and st["verdict"]
+    assert set(json.loads(json.dumps(status))) == {"name", "state", "stages", "excluded_nodes"}
+    again = ws.cli("submit", str(REPO / "examples" / "local.yaml"))
+    assert again.code == 0 and again.out.count("passed earlier") == 5, "same file again: nothing reruns"
+    assert Path(ws.workdir / "ledger.db").exists()

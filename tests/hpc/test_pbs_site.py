@@ -1,0 +1,137 @@
+"""The `aurora` site through Parsl's real PBSProProvider against the PBS Pro emulator
+(fixture `pbs_emulator`, a STAND-IN for PBS Pro): the smoke stage end to end, with MPICH
+`mpiexec -launcher fork` standing in for PALS (`site.launcher: mpich`: every rank runs on
+this machine under the node names of PBS_NODEFILE). The PBS script and the PALS command
+that `--dry-run` prints are pinned by golden files in tests/golden/dryrun/:
+
+    CAMPAIGN_UPDATE_GOLDEN=1 pytest tests/hpc/test_pbs_site.py -m slow
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = REPO / "tests" / "golden" / "dryrun"
+UPDATE_ENV = "CAMPAIGN_UPDATE_GOLDEN"
+
+SPEC = """\
+name: aurora-emu
+site:
+  kind: aurora
+  account: campaign
+  queue: debug
+  nodes: 2
+  spares: 1
+  walltime: "00:10:00"
+  worker_init: module load frameworks; source /lus/flare/projects/campaign/venv/bin/activate
+model:
+  size: tiny
+trainer:
+  micro_batch_size: 4
+stages:
+  - name: smoke
+    kind: smoke
+    steps: 3
+    timeout_s: 150
+"""
+# The end-to-end run: the stand-in launcher, and no `module` command on this machine.
+E2E = {"  worker_init: module load frameworks; source /lus/flare/projects/campaign/venv/bin/activate\n":
+       "  launcher: mpich\n  ranks_per_node: 1\n  env: {OMP_NUM_THREADS: '1'}\n"}
+
+
+def _campaign(tmp_path: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CAMPAIGN_WORKDIR": str(tmp_path / "wd")}
+    env.pop("CAMPAIGN_DB_URL", None)
+    return subprocess.run([sys.executable, "-m", "campaign.cli", *args], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=timeout)
+
+
+def _normalise(text: str, tmp_path: Path) -> str:
+    return text.replace(str(tmp_path), "<tmp>").replace(str(Path(sys.executable).parent), "<venv-bin>")
+
+
+def _sections(dry_run: str) -> tuple[str, str]:
+    """(the block: qsub line + PBS script, the stages' launch commands) of --dry-run's output."""
+    block = dry_run.split("\n## block:", 1)[1].split("\n## stage", 1)[0]
+    stages = dry_run.split("\n## stage", 1)[1]
+    return block.split("\n", 1)[1].strip() + "\n", "## stage" + stages.rstrip() + "\n"
+
+
+def _check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get(UPDATE_ENV) == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}; run with {UPDATE_ENV}=1 to write it"
+    assert text == path.read_text(), f"{name} changed; if intended, rerun with {UPDATE_ENV}=1"
+
+
+def test_dry_run_matches_golden_pbs_script_and_pals_command(tmp_path):
+    spec = tmp_path / "aurora.yaml"
+    spec.write_text(SPEC)
+    proc = _campaign(tmp_path, "submit", str(spec), "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / "wd").exists()  # nothing written: no ledger, no run dirs, no scripts
+    block, stages = _sections(_normalise(proc.stdout, tmp_path))
+    _check_golden("aurora_pbs_block.txt", block)
+    _check_golden("aurora_pals_smoke.txt", stages)
+    # what ALCF documents for an Aurora job (docs.alcf.anl.gov/aurora/running-jobs-aurora/)
+    for line in ("#PBS -l select=3:ncpus=208", "#PBS -l filesystems=home:flare", "#PBS -l place=scatter",
+                 "#PBS -l walltime=00:10:00", "qsub  -q debug -A campaign "):
+        assert line in block, block
+    assert "mpiexec -n 24 --ppn 12 --hostfile <tmp>/wd/aurora-emu/smoke/attempt-001/hostfile" in stages
+    assert "--cpu-bind=list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100" in stages
+
+
+def test_smoke_stage_runs_through_pbspro_provider(pbs_emulator, tmp_path):
+    text = SPEC
+    for old, new in E2E.items():
+        text = text.replace(old, new)
+    spec = tmp_path / "aurora.yaml"
+    spec.write_text(text)
+    dry = _campaign(tmp_path, "submit", str(spec), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    started = time.time()
+    proc = _campaign(tmp_path, "submit", str(spec))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+    run_dir = tmp_path / "wd" / "aurora-emu" / "smoke" / "attempt-001"
+    rep = json.loads((run_dir / "supervisor.json").read_text())
+    # the worker ran inside the PBS job: the allocation is the emulator's PBS_NODEFILE
+    assert rep["allocation"] == ["x4000c0s0b0n0", "x4000c0s1b0n0", "x4000c0s2b0n0"], rep
+    assert rep["nodes"] == ["x4000c0s0b0n0", "x4000c0s1b0n0"] and rep["spares"] == ["x4000c0s2b0n0"]
+    assert rep["launch_command"][:3] == ["mpiexec", "-launcher", "fork"]
+    ranks = json.loads((run_dir / "startup.json").read_text())["ranks"]
+    rows = ranks.values() if isinstance(ranks, dict) else ranks
+    assert sorted(r["node"] for r in rows) == ["x4000c0s0b0n0", "x4000c0s1b0n0"]  # from Hydra, per rank
+    # the trainer got the block's deadline: start of the job + walltime
+    deadline = json.loads((run_dir / "trainer.json").read_text())["run"]["deadline_unix"]
+    assert started - 2 <= deadline - 600 <= time.time(), (started, deadline)
+
+    # the job PBS ran is the script the dry run printed (same directives and init)
+    jobs = [p for p in (tmp_path / "wd" / "aurora-emu" / "parsl").glob("*/submit_scripts/parsl.campaign.block-0.*")
+            if p.suffix not in (".stdout", ".stderr")]
+    assert len(jobs) == 1, jobs
+    real = [ln for ln in jobs[0].read_text().splitlines() if ln.startswith(("#PBS -l", "#PBS -k", "export PATH"))]
+    printed = [ln for ln in dry.stdout.splitlines() if ln.startswith(("#PBS -l", "#PBS -k", "export PATH"))]
+    assert real == printed and len(real) == 6, (real, printed)
+    info = pbs_emulator.qstat(next(iter(_job_ids(pbs_emulator))))
+    assert info["Account_Name"] == "campaign" and info["queue"] == "debug"
+    assert info["Resource_List"]["select"] == "3:ncpus=208", info["Resource_List"]
+    assert info["job_state"] == "F", info  # Parsl cancelled the block when the campaign ended
+
+
+def _job_ids(pbs_emulator) -> list[str]:
+    out = subprocess.run([os.path.join(pbs_emulator.bin_dir, "qstat"), "-x", "-f", "-F", "json"],
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    return list(json.loads(out).get("Jobs", {}))

@@ -1,0 +1,188 @@
+"""Each stage's pure verdict on hand-made results: pass, fail at the boundary, missing data."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from campaign.stages import long_run, loss_check, resume_test, scaling, smoke
+
+
+def losses(start: int, stop: int, value: float) -> dict[int, float]:
+    return {s: value for s in range(start, stop + 1)}
+
+
+class TestLossCheck:
+    steps = list(range(46, 51))
+
+    def test_within_tolerance_passes_and_states_both_numbers(self) -> None:
+        v = loss_check.judge(losses(1, 50, 3.05), losses(1, 50, 3.0), self.steps, 0.10)
+        assert v.passed
+        assert "3.0500 vs reference 3.0000" in v.reason and "+0.0500" in v.reason
+        assert v.numbers["difference"] == pytest.approx(0.05)
+
+    @pytest.mark.parametrize("delta", [0.10, -0.10])
+    def test_exactly_the_tolerance_passes(self, delta: float) -> None:
+        assert loss_check.judge(losses(1, 50, 2.5 + delta), losses(1, 50, 2.5), self.steps, 0.10).passed
+
+    @pytest.mark.parametrize("delta", [0.1001, -0.1001, 0.2])
+    def test_just_outside_fails(self, delta: float) -> None:
+        v = loss_check.judge(losses(1, 50, 2.5 + delta), losses(1, 50, 2.5), self.steps, 0.10)
+        assert not v.passed and "outside ±0.1" in v.reason
+
+    def test_reference_missing_the_check_steps_is_an_error(self) -> None:
+        v = loss_check.judge(losses(1, 50, 3.0), losses(1, 40, 3.0), self.steps, 0.10)
+        assert not v.passed
+        assert "reference has no loss for steps 46-50 (it has steps 1-40)" in v.reason
+
+    def test_run_missing_steps_fails(self) -> None:
+        v = loss_check.judge(losses(1, 47, 3.0), losses(1, 50, 3.0), self.steps, 0.10)
+        assert not v.passed and "no loss for steps 48-50" in v.reason
+
+    def test_record_mode_passes_on_finite_and_fails_on_nan(self) -> None:
+        assert loss_check.judge(losses(1, 50, 3.0), None, self.steps, 0.10).passed
+        bad = losses(1, 50, 3.0) | {48: math.nan}
+        assert not loss_check.judge(bad, None, self.steps, 0.10).passed
+
+
+class TestSmoke:
+    def result(self, **over: object) -> dict[str, object]:
+        base: dict[str, object] = {
+            "exit_code": 0, "exit_class": "succeeded", "last_step": 3, "suspects": [],
+            "startup": {"ranks": [{"rank": 0}, {"rank": 1}], "allreduce": {"got": 3.0, "expected": 3.0}},
+            "metrics": [{"step": s, "loss": 5.0} for s in (1, 2, 3)]}
+        base.update(over)
+        return base
+
+    def test_all_good_passes(self) -> None:
+        v = smoke.judge(self.result(), expected_ranks=2, steps=3)
+        assert v.passed and "2/2 ranks reported" in v.reason
+
+    def test_missing_rank_fails_naming_it(self) -> None:
+        r = self.result(startup={"ranks": [{"rank": 0}], "allreduce": {"got": 3.0, "expected": 3.0}},
+                        suspects=[{"node": "n1", "reason": "no heartbeat"}])
+        v = smoke.judge(r, expected_ranks=2, steps=3)
+        assert not v.passed and "ranks [1]" in v.reason and "n1" in v.reason
+
+    def test_wrong_allreduce_sum_fails(self) -> None:
+        r = self.result(startup={"ranks": [{"rank": 0}, {"rank": 1}], "allreduce": {"got": 2.0, "expected": 3.0}})
+        v = smoke.judge(r, expected_ranks=2, steps=3)
+        assert not v.passed and "returned 2.0, expected exactly 3.0" in v.reason
+
+    def test_nonfinite_loss_fails(self) -> None:
+        r = self.result(metrics=[{"step": 1, "loss": 5.0}, {"step": 2, "loss": math.inf}, {"step": 3, "loss": 5.0}])
+        assert "non-finite loss at step 2" in smoke.judge(r, expected_ranks=2, steps=3).reason
+
+    def test_timeout_fails_with_suspects(self) -> None:
+        r = self.result(exit_code=124, exit_class="stalled", duration_s=300.0,
+                        suspects=[{"node": "x1", "reason": "no heartbeat"}])
+        v = smoke.judge(r, expected_ranks=2, steps=3)
+        assert not v.passed and "timed out" in v.reason and "x1" in v.reason
+
+
+class TestScaling:
+    stage = scaling.ScalingStage(node_counts=[1, 2, 4], steps=10, warmup_steps=2, min_efficiency=0.8,
+                                 loss_tolerance=0.1)
+
+    def rows(self, tps: list[float], loss: list[float]) -> list[dict[str, object]]:
+        return [{"nodes": n, "tokens_per_s": t, "last_loss": lo, "exit_code": 0, "exit_class": "succeeded",
+                 "last_step": 10} for n, t, lo in zip([1, 2, 4], tps, loss)]
+
+    def test_efficiency_is_per_node_throughput_vs_smallest(self) -> None:
+        v = scaling.judge(self.rows([100, 180, 320], [3.0, 3.0, 3.05]), self.stage, None)
+        effs = [r["efficiency"] for r in v.numbers["table"]]
+        assert effs == pytest.approx([1.0, 0.9, 0.8])
+        assert v.passed, "0.8 exactly is at the floor"
+
+    def test_below_the_floor_fails(self) -> None:
+        v = scaling.judge(self.rows([100, 180, 300], [3.0, 3.0, 3.0]), self.stage, None)
+        assert not v.passed and "4 node(s): efficiency 0.75 below 0.8" in v.reason
+
+    def test_loss_outside_tolerance_fails(self) -> None:
+        v = scaling.judge(self.rows([100, 200, 400], [3.0, 3.0, 3.2]), self.stage, None)
+        assert not v.passed and "4 node(s): loss 3.2" in v.reason
+
+    def test_a_count_that_did_not_finish_fails(self) -> None:
+        rows = self.rows([100, 200], [3.0, 3.0])
+        rows[1].update(exit_code=124, exit_class="stalled", last_step=4)
+        v = scaling.judge(rows, self.stage, None)
+        assert not v.passed and "2 node(s): exited 124 (stalled) at step 4" in v.reason
+
+    def test_measure_skips_warmup_and_takes_medians(self) -> None:
+        metrics = [{"step": s, "step_time_s": 9.0 if s <= 2 else 1.0 + s / 100, "tokens_per_s": 10.0,
+                    "comm_time_s": 0.25, "mem_peak_gib": float(s), "loss": 5.0 - s / 10} for s in range(1, 11)]
+        row = scaling.measure(metrics, nodes=2, warmup=2)
+        assert row["step_time_s"] == pytest.approx(1.065)
+        assert row["comm_share"] == pytest.approx(0.25 / 1.065)
+        assert row["mem_peak_gib"] == 10.0 and row["last_loss"] == pytest.approx(4.0)
+
+    def test_strong_scaling_needs_a_divisible_batch(self) -> None:
+        assert scaling.strong_micro_batch(8, 1, 4) == 2
+        with pytest.raises(ValueError, match="does not split evenly over 3 nodes"):
+            scaling.strong_micro_batch(4, 1, 3)
+
+
+class TestLongRun:
+    def attempt(self, code: int, cls: str, steps: range, **over: object) -> dict[str, object]:
+        return {"exit_code": code, "exit_class": cls, "last_step": steps[-1] if steps else None,
+                "metrics": [{"step": s, "tokens": s * 100, "loss": 2.0} for s in steps], **over}
+
+    def test_reached_after_a_relaunch(self) -> None:
+        a = [self.attempt(124, "stalled", range(1, 26), suspects=[{"node": "n1"}]), self.attempt(0, "succeeded", range(21, 41))]
+        v = long_run.judge(a, steps=40, tokens=None)
+        assert v.passed and "after 1 relaunch(es) (stalled), excluded n1" in v.reason
+
+    def test_budget_spent(self) -> None:
+        a = [self.attempt(1, "crashed_node", range(1, 5))] * 3
+        v = long_run.judge(a, steps=40, tokens=None, stop="budget", max_attempts=3)
+        assert not v.passed and "attempt budget of 3 spent" in v.reason
+
+    def test_systemic_names_no_node(self) -> None:
+        a = [self.attempt(127, "crashed_systemic", range(0))] * 2
+        v = long_run.judge(a, steps=40, tokens=None, stop="budget", max_attempts=2)
+        assert "systemic (no node blamed, none excluded)" in v.reason
+
+    def test_config_error_is_not_retried(self) -> None:
+        v = long_run.judge([self.attempt(93, "config_error", range(0))], steps=40, tokens=None, stop="not resumable")
+        assert not v.passed and "not retried" in v.reason
+
+    def test_short_of_token_target_fails(self) -> None:
+        v = long_run.judge([self.attempt(0, "succeeded", range(1, 11))], steps=40, tokens=5000)
+        assert not v.passed and "short of the target" in v.reason
+
+    def test_crash_loop_detection(self) -> None:
+        class O:
+            def __init__(self, last: int | None) -> None:
+                self.last_step = last
+
+        assert long_run._no_progress([O(30), O(30), O(30), O(30)], 3)
+        assert not long_run._no_progress([O(10), O(20), O(30)], 3)
+        assert long_run._no_progress([O(None), O(None), O(None)], 3)
+
+
+class TestResumeTest:
+    ref = [{"step": s, "tokens": s * 10, "loss": 5.0 - s / 100} for s in range(1, 17)]
+
+    def resumed(self, shift: float = 0.0, first: int = 11, tokens_off: int = 0) -> dict[str, object]:
+        rows = [{"step": s, "tokens": s * 10 + tokens_off, "loss": 5.0 - s / 100 + (shift if s >= 13 else 0.0)}
+                for s in range(first, 17)]
+        return {"exit_code": 0, "exit_class": "succeeded", "metrics": rows}
+
+    def test_bit_exact_passes(self) -> None:
+        c = resume_test.compare("SIGKILL", self.ref, {"exit_code": 137}, self.resumed(), 0.0)
+        v = resume_test.judge([c])
+        assert v.passed and "resumed from step 10, equal bit for bit" in v.reason
+
+    def test_names_the_first_differing_step(self) -> None:
+        c = resume_test.compare("SIGKILL", self.ref, {"exit_code": 137}, self.resumed(shift=1e-7), 0.0)
+        v = resume_test.judge([c])
+        assert not v.passed and "loss differs first at step 13" in v.reason
+
+    def test_tolerance_admits_small_differences(self) -> None:
+        c = resume_test.compare("SIGTERM", self.ref, {"exit_code": 143}, self.resumed(shift=1e-7), 1e-6)
+        assert resume_test.judge([c]).passed
+
+    def test_token_gap_is_caught(self) -> None:
+        c = resume_test.compare("SIGKILL", self.ref, {"exit_code": 137}, self.resumed(tokens_off=10), 0.0)
+        assert "tokens do not continue" in resume_test.judge([c]).reason

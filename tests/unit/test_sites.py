@@ -1,0 +1,147 @@
+"""The batch site models (aurora, polaris, slurm), walltime parsing and warnings, the
+Parsl configs they build, and the dry run (which must write nothing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from campaign import executors, spec, walltime
+from campaign.executors import batch, launchers
+from campaign.executors.aurora import AuroraSite
+from campaign.executors.polaris import PolarisSite
+from campaign.executors.slurm import SlurmSite
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _spec(site: str, stages: str = "  - kind: smoke\n") -> spec.CampaignSpec:
+    return spec.loads(f"name: demo\nsite:\n{site}stages:\n{stages}", "demo.yaml")
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("00:00:01", 1), ("06:00:00", 21600), ("1:30:00", 5400),
+                                               ("100:00:00", 360000), (" 00:10:00 ", 600)])
+def test_walltime_seconds(text: str, seconds: int) -> None:
+    assert batch.walltime_seconds(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["6h", "00:60:00", "00:00:60", "10:00", "", "1:2:3", "-1:00:00"])
+def test_walltime_refuses_other_forms(text: str) -> None:
+    with pytest.raises(ValueError, match="HH:MM:SS"):
+        batch.walltime_seconds(text)
+
+
+def test_every_site_kind_is_registered_with_a_module() -> None:
+    assert executors.KINDS == ("local", "aurora", "polaris", "slurm")
+    for kind in executors.KINDS:
+        mod = executors.module(kind)
+        assert callable(mod.parsl_config) and mod.__doc__ and "Fields a user changes" in mod.__doc__
+
+
+def test_aurora_defaults_follow_the_alcf_docs() -> None:
+    site = AuroraSite(account="p")
+    assert (site.ranks_per_node, site.launcher, site.filesystems, site.place) == (12, "pals", "home:flare", "scatter")
+    assert site.node_names() is None and site.walltime_s == 3600
+    opts = site.launch_options()
+    assert opts["cpu_bind"] == launchers.AURORA_CPU_BIND and opts["gpu_bind"] == launchers.AURORA_GPU_BIND
+    # the single-machine stand-in: no PALS binding, loopback rendezvous
+    assert AuroraSite(account="p", launcher="mpich").launch_options() == {"env": {"MASTER_ADDR": "127.0.0.1"}}
+
+
+def test_polaris_binds_by_depth_wraps_for_gpus_and_disables_nvlink_multicast() -> None:
+    opts = PolarisSite(account="p").launch_options()
+    assert opts["cpu_bind"] == "depth" and opts["depth"] == 8 and opts["wrapper"] == list(launchers.POLARIS_GPU_WRAPPER)
+    assert opts["env"]["NCCL_NVLS_ENABLE"] == "0" and opts["env"]["NVSHMEM_DISABLE_NVLS"] == "1"
+
+
+def test_slurm_site_uses_srun() -> None:
+    site = SlurmSite(partition="debug", cpus_per_task=4, env={"X": "1"})
+    assert site.launcher == "srun" and site.ranks_per_node == 1
+    assert site.launch_options() == {"cpu_bind": None, "gpu_bind": None, "depth": 4, "env": {"X": "1"}}
+
+
+def test_pbs_parsl_config_is_fresh_one_block_one_worker(tmp_path: Path) -> None:
+    from parsl.launchers import SimpleLauncher
+    from parsl.providers import PBSProProvider
+
+    site = AuroraSite(account="proj", queue="debug", nodes=4, spares=2, walltime="02:00:00",
+                      worker_init="module load frameworks")
+    mod = executors.module("aurora")
+    a, b = mod.parsl_config(site, tmp_path), mod.parsl_config(site, tmp_path)
+    assert a is not b and a.executors[0] is not b.executors[0]
+    exe = a.executors[0]
+    p = exe.provider
+    assert exe.label == "campaign" and exe.max_workers_per_node == 1
+    assert isinstance(p, PBSProProvider) and isinstance(p.launcher, SimpleLauncher)
+    assert (p.nodes_per_block, p.init_blocks, p.min_blocks, p.max_blocks) == (6, 1, 0, 1)
+    assert (p.account, p.queue, p.walltime, p.cpus_per_node) == ("proj", "debug", "02:00:00", 208)
+    assert "#PBS -l filesystems=home:flare" in p.scheduler_options and "place=scatter" in p.scheduler_options
+    assert p.worker_init.endswith("module load frameworks")  # the user's init runs last: it wins
+    assert a.strategy == "simple"  # a new block when the old one reached its walltime
+
+
+def test_cancel_jobs_registers_unknown_ids_then_cancels(monkeypatch: pytest.MonkeyPatch) -> None:
+    from parsl.providers import PBSProProvider
+
+    calls = []
+    monkeypatch.setattr(PBSProProvider, "execute_wait", lambda self, cmd, timeout=None: (calls.append(cmd), (0, "", ""))[1])
+    assert executors.module("aurora").cancel_jobs(AuroraSite(account="p"), ["123.pbs"]) == [True]
+    assert calls == ["qdel 123.pbs"]
+
+
+def test_spec_refuses_bad_site_fields_with_file_and_line() -> None:
+    with pytest.raises(Exception) as info:
+        _spec("  kind: slurm\n  partiton: debug\n")
+    assert "site.partiton: unknown key; did you mean 'partition'?" in str(info.value)
+    assert "(demo.yaml, line 4)" in str(info.value)
+
+
+def test_no_warning_when_the_stages_fit() -> None:
+    s = _spec("  kind: aurora\n  account: p\n  walltime: '01:00:00'\n", "  - kind: smoke\n    timeout_s: 600\n")
+    assert walltime.warnings(s) == []
+
+
+def test_warns_when_a_stage_timeout_exceeds_the_walltime() -> None:
+    s = _spec("  kind: slurm\n  walltime: '00:10:00'\n", "  - kind: smoke\n    timeout_s: 900\n")
+    (warning, total) = walltime.warnings(s)
+    assert "stage smoke: timeout_s 900 s is longer than the block walltime 00:10:00" in warning
+    assert "need up to ~15 min in all" in total
+
+
+def test_warns_when_the_long_run_needs_several_blocks() -> None:
+    s = _spec("  kind: aurora\n  account: p\n  walltime: '06:00:00'\n  expected_tokens_per_s: 1.0e6\n",
+              "  - kind: long_run\n    tokens: 100000000000\n")
+    warnings = walltime.warnings(s)
+    assert any("stage long_run needs ~27.8 h (100,000,000,000 tokens at 1,000,000 tokens/s)" in w and "~5 blocks" in w
+               for w in warnings), warnings
+    # a measured throughput (e.g. from the ledger) overrides the hint
+    assert not any("long_run needs" in w for w in walltime.warnings(s, tokens_per_s=1e8))
+
+
+def test_long_run_without_throughput_says_what_to_set() -> None:
+    s = _spec("  kind: slurm\n", "  - kind: long_run\n    tokens: 1000000\n")
+    assert any("set site.expected_tokens_per_s" in w for w in walltime.warnings(s))
+
+
+def test_local_site_has_no_walltime_to_check() -> None:
+    assert walltime.warnings(_spec("  kind: local\n", "  - kind: smoke\n    timeout_s: 99999\n")) == []
+
+
+def test_dry_run_prints_script_and_commands_and_writes_nothing(tmp_path: Path, run_cli) -> None:
+    work = tmp_path / "wd"
+    code, out, err = run_cli("submit", str(REPO / "examples" / "auroragpt-2b.yaml"), "--dry-run", "--workdir", str(work))
+    assert code == 0, err
+    assert not work.exists()
+    assert "#PBS -l select=528:ncpus=208" in out and "qsub  -q prod -A YOUR_PROJECT" in out
+    assert "mpiexec -n 6144 --ppn 12 --hostfile" in out  # smoke on all 512 nodes
+    assert out.count("\n## stage ") == 5
+
+
+@pytest.mark.parametrize("example", ["auroragpt-2b", "polaris", "slurm-cluster"])
+def test_batch_examples_validate_and_dry_run(example: str, tmp_path: Path, run_cli) -> None:
+    code, out, err = run_cli("submit", str(REPO / "examples" / f"{example}.yaml"), "--dry-run",
+                             "--workdir", str(tmp_path / "wd"))
+    assert code == 0, err
+    assert ("sbatch" if example == "slurm-cluster" else "qsub") in out
+    assert not (tmp_path / "wd").exists()

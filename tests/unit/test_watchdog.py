@@ -1,0 +1,94 @@
+"""The stall watchdog's pure decision with an injected clock, and culprit finding from heartbeats."""
+
+from __future__ import annotations
+
+from campaign.watchdog import Watch, WatchdogPolicy, culprits, decide, stragglers
+
+POLICY = WatchdogPolicy(startup_s=100, step_factor=3, floor_s=10, warmup_steps=0, checkpoint_s=50)
+
+
+def steady(now: float = 0.0, step_s: float = 1.0, n: int = 20) -> Watch:
+    w = Watch(started=now)
+    w.saw_steps([{"step": i, "step_time_s": step_s} for i in range(1, n + 1)], now)
+    return w
+
+
+def test_startup_budget_until_the_first_step() -> None:
+    w = Watch(started=0.0)
+    assert not decide(w, POLICY, 99.0).stalled
+    d = decide(w, POLICY, 101.0)
+    assert d.stalled and d.phase == "startup" and "budget 100.0 s" in d.reason
+
+
+def test_steady_budget_is_k_times_p99_plus_floor() -> None:
+    w = steady(step_s=2.0)
+    assert not decide(w, POLICY, 15.9).stalled  # 3 x 2 + 10 = 16
+    d = decide(w, POLICY, 16.1)
+    assert d.stalled and d.phase == "steady" and d.budget_s == 16.0
+
+
+def test_new_steps_reset_the_clock() -> None:
+    w = steady()
+    w.saw_steps([{"step": 21, "step_time_s": 1.0}], 12.0)
+    assert not decide(w, POLICY, 24.0).stalled
+    assert decide(w, POLICY, 25.1).stalled
+
+
+def test_checkpoint_phase_uses_measured_saves() -> None:
+    w = steady()
+    w.saw_events([{"event": "checkpoint_saved", "seconds": 4.0}], 0.0)
+    w.saw_phases({"checkpoint"}, 1.0)
+    assert not decide(w, POLICY, 22.9).stalled  # 3 x 4 + 10 = 22 after 1.0
+    assert decide(w, POLICY, 23.1).phase == "checkpoint" and decide(w, POLICY, 23.1).stalled
+
+
+def test_a_job_that_is_exiting_gets_the_exit_budget() -> None:
+    w = steady()
+    w.saw_phases({"done"}, 5.0)
+    assert not decide(w, POLICY, 60.0).stalled
+    assert decide(w, POLICY, 66.0).phase == "exiting"
+
+
+def test_warmup_steps_get_the_warmup_budget() -> None:
+    policy = POLICY.model_copy(update={"warmup_steps": 3, "warmup_s": 30})
+    w = steady(n=2, step_s=0.1)
+    assert not decide(w, policy, 29.0).stalled
+    assert decide(w, policy, 31.0).phase == "warmup"
+
+
+def beat(node: str, now: float, ranks: dict[int, tuple[int, str, float]]) -> dict[str, object]:
+    return {"node": node, "time": now, "ranks": {str(r): {"step": s, "phase": p, "since": since, "time": now}
+                                                 for r, (s, p, since) in ranks.items()}}
+
+
+def test_culprit_is_the_rank_computing_while_peers_wait() -> None:
+    now = 100.0
+    beats = {"n0": beat("n0", now, {0: (25, "collective", 80.0)}), "n1": beat("n1", now, {1: (25, "compute", 79.0)}),
+             "n2": beat("n2", now, {2: (25, "collective", 80.0)})}
+    found = culprits(beats, ["n0", "n1", "n2"], now, POLICY)
+    assert [c["node"] for c in found] == ["n1"]
+    assert "rank 1 still computing step 25 for 21 s" in found[0]["reason"]
+
+
+def test_culprit_is_a_node_whose_heartbeat_stopped() -> None:
+    now = 100.0
+    beats = {"n0": beat("n0", now, {0: (7, "collective", 90.0)}), "n1": beat("n1", 60.0, {1: (7, "compute", 50.0)})}
+    found = culprits(beats, ["n0", "n1"], now, POLICY)
+    assert [c["node"] for c in found] == ["n1"] and "stale for 40 s" in found[0]["reason"]
+
+
+def test_missing_heartbeat_names_the_node() -> None:
+    found = culprits({"n0": beat("n0", 10.0, {0: (0, "init", 0.0)})}, ["n0", "n1"], 10.0, POLICY)
+    assert [c["node"] for c in found] == ["n1"]
+
+
+def test_no_culprit_when_everyone_looks_alike() -> None:
+    now = 100.0
+    beats = {n: beat(n, now, {i: (25, "collective", 80.0)}) for i, n in enumerate(["n0", "n1", "n2"])}
+    assert culprits(beats, ["n0", "n1", "n2"], now, POLICY) == []
+
+
+def test_straggler_ratio_against_the_other_nodes() -> None:
+    beats = {n: {"ranks": {"0": {"compute_s": t}}} for n, t in {"a": 0.1, "b": 0.11, "c": 0.5}.items()}
+    found = stragglers(beats, 3.0)
+    assert [s["node"] for s in found] == ["c"] and found[0]["ratio"] >= 4.5
