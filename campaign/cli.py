@@ -352,7 +352,6 @@ def nodes() -> None:
 @_errors
 def nodes_list(db_url: str | None, workdir: Path, site: str | None, show_all: bool) -> None:
     """List excluded nodes with reason and expiry."""
-    from rich.console import Console
     from rich.table import Table
 
     from campaign.ledger import queries as q
@@ -370,7 +369,9 @@ def nodes_list(db_url: str | None, workdir: Path, site: str | None, show_all: bo
                           e.lifted.strftime("%Y-%m-%d %H:%M") if e.lifted else "")
     finally:
         ledger.close()
-    Console(highlight=False).print(t)
+    from campaign.views import console
+
+    console().print(t)
 
 
 @nodes.command("exclude")
@@ -422,6 +423,31 @@ def nodes_include(node: str, site: str, db_url: str | None, workdir: Path) -> No
 # when a command runs (matplotlib only by `plot`).
 
 PLOT_KINDS = ("progress", "scaling", "steps")
+
+
+@main.group()
+def data() -> None:
+    """Prepare training data for the built-in trainer."""
+
+
+@data.command("prepare")
+@click.argument("texts", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Token file to write (flat memmap, the usual .bin layout).")
+@click.option("--dtype", type=click.Choice(["uint16", "uint32"]), default="uint16", show_default=True,
+              help="Element type of the token file.")
+@_errors
+def data_prepare(texts: tuple[Path, ...], out_path: Path, dtype: str) -> None:
+    """Turn TEXTS (UTF-8 or any bytes) into one token file with the byte-level tokenizer
+    (token = byte + 1, 0 between documents; vocabulary 257). Use it as
+    `data: {source: file, path: OUT, dtype: DTYPE}` with `model: {vocab_size: 257}` or more."""
+    from campaign.train.data import prepare_text
+
+    if out_path.exists() and out_path.resolve() in {t.resolve() for t in texts}:
+        raise CampaignError(f"--out {out_path} is one of the input files")
+    info = prepare_text(list(texts), out_path, dtype)
+    click.echo(f"{info['path']}: {info['tokens']:,} tokens from {info['documents']} document(s), {info['dtype']}, "
+               f"vocabulary {info['vocab_size']}")
 
 
 def _campaigns(s: Any, patterns: tuple[str, ...], display_url: str) -> list[Any]:

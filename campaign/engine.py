@@ -200,9 +200,8 @@ class StageContext:
                 (run_dir / STOP_FILE).touch()
         try:
             rep = future.result()
-        except Exception as e:  # the app itself failed (worker lost, serialization): no trainer verdict
-            rep = {"exit_code": 1, "exit_class": "crashed_systemic", "duration_s": 0.0, "nodes": [],
-                   "suspects": [], "killed_by": None, "error": f"supervisor app failed: {e!r}"}
+        except Exception as e:  # the app itself failed: its block ended, or a bug/serialization problem
+            rep = _app_failure(e, run_dir)
         self.engine.current_run_dir = None
         self._ingest(attempt_id, run_dir, offset, steps)
         return self._finish(attempt_id, number, run_dir, rep, ckpt)
@@ -246,6 +245,18 @@ class StageContext:
         nodes = list(rep.get("nodes") or [])
         return AttemptOutcome(attempt_id, number, run_dir, nodes, len(nodes) * self.spec.site.ranks_per_node, rep,
                               metrics, report.read_startup(run_dir), checkpoints)
+
+
+def _app_failure(e: Exception, run_dir: Path) -> dict[str, Any]:
+    """The report of an attempt whose supervisor app never returned."""
+    from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
+
+    lost = isinstance(e, (ManagerLost, WorkerLost))
+    metrics, _ = report.read_metrics(run_dir)
+    return {"exit_code": 143 if lost else 1, "exit_class": "block_lost" if lost else "crashed_systemic",
+            "duration_s": 0.0, "nodes": [], "suspects": [], "killed_by": None,
+            "last_step": metrics[-1]["step"] if metrics else None,
+            "error": f"{'the block ended under the attempt' if lost else 'supervisor app failed'}: {e!r}"}
 
 
 def _tokens_base(run: StageRun, resume: bool) -> int:

@@ -28,8 +28,9 @@ CLASSES = {
     "config_error": "bad configuration (93): do not retry",
     "diverged": "non-finite loss (94)",
     "orphaned": "left running by an orchestrator that died; its job was cancelled",
+    "block_lost": "the block (scheduler job) ended under the attempt: cancelled by someone, or its nodes failed",
 }
-RESUMABLE = frozenset({"stalled", "crashed_node", "walltime", "orphaned"})
+RESUMABLE = frozenset({"stalled", "crashed_node", "walltime", "orphaned", "block_lost"})
 """Classes after which a relaunch from the last complete checkpoint makes sense."""
 
 

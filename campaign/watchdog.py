@@ -37,8 +37,9 @@ class WatchdogPolicy(StrictModel):
     """From launch to the first reported step."""
     step_factor: float = Field(default=3.0, gt=0)
     """A steady-state stall is this many times the p99 step time without a new step..."""
-    floor_s: float = Field(default=10.0, gt=0)
-    """...plus this floor (absorbs logging intervals and scheduler noise)."""
+    floor_s: float = Field(default=9.0, gt=0)
+    """...plus this floor (absorbs logging intervals and noise; with the supervisor's poll it
+    keeps detection within 3 step times + 10 s)."""
     checkpoint_s: float = Field(default=300.0, gt=0)
     """Budget of a checkpoint save before one has been measured."""
     checkpoint_factor: float = Field(default=3.0, gt=0)

@@ -3,6 +3,7 @@
 Fields a user changes (in the campaign file, under `site:`):
     nodes            how many virtual nodes to simulate (each a named group of ranks)
     ranks_per_node   ranks (processes) per virtual node
+    bind_gpus        give each virtual node its own GPUs (a machine with several GPUs)
 
 Every rank runs as a plain process here; `CAMPAIGN_NODE` tells it which virtual node it
 belongs to, so heartbeats, suspects and exclusions work per node exactly as on a real
@@ -13,6 +14,7 @@ LocalProvider block of one worker, the same executor type the batch sites use.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -42,6 +44,11 @@ class LocalSite(StrictModel):
     walltime_s: float | None = Field(default=None, gt=0)
     """Simulated block walltime: each attempt must end within this many seconds of its
     start; the trainer checkpoints and exits 143 before that deadline (walltime chaining)."""
+    bind_gpus: bool = False
+    """Give virtual node i its own GPUs, as on a real node: its ranks see only GPUs
+    i*R .. i*R+R-1 (R = ranks_per_node; CUDA_VISIBLE_DEVICES), so local rank l uses cuda:l
+    of that slice. Needs nodes x ranks_per_node GPUs on this machine. Off: every rank sees
+    every GPU and local rank l uses cuda:l (right for one virtual node)."""
 
     def node_names(self) -> list[str]:
         return [f"{self.node_prefix}{i}" for i in range(self.nodes)]
@@ -50,7 +57,10 @@ class LocalSite(StrictModel):
         """Every rank gets an equal share of this machine's cores, as ranks on separate nodes
         would: without it each rank's intra-op pool takes every core and they thrash."""
         share = max(1, (os.cpu_count() or 1) // (self.nodes * self.ranks_per_node))
-        return {"env": {"OMP_NUM_THREADS": str(share)}}
+        options: dict[str, Any] = {"env": {"OMP_NUM_THREADS": str(share)}}
+        if self.bind_gpus:
+            options["wrapper"] = gpu_wrapper(self.node_prefix, self.ranks_per_node)
+        return options
 
     @property
     def deadline_from(self) -> str:
@@ -59,6 +69,28 @@ class LocalSite(StrictModel):
     @property
     def launcher(self) -> str:
         return "local"
+
+
+def gpu_wrapper(prefix: str, ranks_per_node: int) -> tuple[str, ...]:
+    """Argv prefix that shows a rank of virtual node `<prefix>i` only that node's GPUs.
+
+    The node's index comes from CAMPAIGN_NODE (set per rank by the local launcher), not from
+    the rank, so a node keeps its GPUs when another node is excluded and spares take over.
+    """
+    script = (f'i=${{CAMPAIGN_NODE#{prefix}}}; f=$((i * {ranks_per_node})); '
+              f'export CUDA_VISIBLE_DEVICES=$(seq -s, $f $((f + {ranks_per_node} - 1))); exec "$@"')
+    return ("bash", "-c", script, "bind_gpus")
+
+
+def parsl_scripts_dir() -> Path:
+    """Where Parsl's `interchange.py` and `process_worker_pool.py` live: next to this
+    interpreter (a venv, even one not activated), else wherever PATH finds them (e.g. an
+    install with `pip --target DIR`, whose scripts land in DIR/bin)."""
+    bindir = Path(sys.executable).parent
+    if (bindir / "interchange.py").exists():
+        return bindir
+    found = shutil.which("interchange.py")
+    return Path(found).parent if found else bindir
 
 
 def parsl_config(site: LocalSite, run_dir: Path) -> Config:
@@ -70,7 +102,7 @@ def parsl_config(site: LocalSite, run_dir: Path) -> Config:
 
     # Workers must find this interpreter's process_worker_pool.py even when the user
     # ran .venv/bin/campaign without activating the venv.
-    bindir = Path(sys.executable).parent
+    bindir = parsl_scripts_dir()
     worker_init = f"export PATH={bindir}:$PATH"
     executor = HighThroughputExecutor(
         label=LABEL,

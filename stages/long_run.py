@@ -7,6 +7,8 @@ decides (see `campaign.exits`):
 - `stalled`, `crashed_node`: exclude the suspect nodes (with their evidence, for
   `exclusion_hours`), relaunch on the remaining nodes (spares) from the last checkpoint;
 - `walltime`: the block's deadline; the trainer checkpointed; continue in a new block;
+- `block_lost`: the scheduler job ended under the attempt (cancelled, nodes failed): relaunch
+  in the new block Parsl starts;
 - `crashed_systemic`: no node is blamed and none excluded; retried with backoff while the
   attempt budget lasts (a broken file system can come back; a node swap cannot fix it);
 - `config_error`, `diverged`, `cancelled`: stop at once.
@@ -30,7 +32,7 @@ from campaign.watchdog import WatchdogPolicy
 if TYPE_CHECKING:
     from campaign.engine import AttemptOutcome, StageContext
 
-RELAUNCH = frozenset({"stalled", "crashed_node", "walltime", "orphaned", "crashed_systemic"})
+RELAUNCH = frozenset({"stalled", "crashed_node", "walltime", "orphaned", "block_lost", "crashed_systemic"})
 """Exit classes after which the long run launches again (while the budget lasts)."""
 
 
