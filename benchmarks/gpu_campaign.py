@@ -93,7 +93,7 @@ def gpu_count() -> int:
     """GPUs nvidia-smi lists (no CUDA context is created in this process)."""
     if not shutil.which("nvidia-smi"):
         return 0
-    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
     return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
 
 
@@ -217,7 +217,7 @@ class Run:
 
     def cli(self, *argv: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "campaign.cli", *argv]
-        return subprocess.run(cmd, cwd=self.workdir, env=self.env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(cmd, cwd=self.workdir, env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
 
     def submit(self, spec_path: Path, timeout: float) -> dict[str, Any]:
         """`campaign submit FILE`, streamed to stdout; SIGINT (cancel) at the timeout."""
@@ -286,7 +286,7 @@ class GpuMonitor:
             self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self.available:
             self._thread.join(timeout=10)
@@ -303,7 +303,7 @@ def compute_apps() -> list[tuple[int, int]] | None:
     """(pid, used MiB) of every process holding GPU memory; None if nvidia-smi failed."""
     try:
         r = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                           capture_output=True, text=True, timeout=20)
+                           capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if r.returncode != 0:
@@ -320,7 +320,7 @@ def nvidia_smi_text() -> str:
     if not shutil.which("nvidia-smi"):
         return "(no nvidia-smi)"
     r = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv"],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, check=False)
     return (r.stdout + r.stderr).strip()
 
 
@@ -594,11 +594,11 @@ def environment() -> dict[str, Any]:
     env: dict[str, Any] = {"python": sys.version.split()[0]}
     r = subprocess.run([sys.executable, "-c", "import torch, parsl, pydantic, sqlalchemy; "
                         "print(torch.__version__, torch.version.cuda, parsl.__version__, pydantic.VERSION, "
-                        "sqlalchemy.__version__)"], capture_output=True, text=True)
+                        "sqlalchemy.__version__)"], capture_output=True, text=True, check=False)
     env["versions"] = r.stdout.strip() or r.stderr.strip()[-300:]
     if shutil.which("nvidia-smi"):
         q = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, check=False)
         env["gpus"] = q.stdout.strip().splitlines()
     say(f"environment: {env}")
     return env
@@ -612,11 +612,12 @@ def write_outputs(run: Run, result: dict[str, Any], samples: list[dict[str, Any]
         st = (result.get(name) or {}).get("status")
         if not st:
             continue
-        lines += ["", f"## {name}: {st['state']}", ""]
+        sub = (result.get(name) or {}).get("submit") or {}
+        lines += ["", f"## {name}: {st['state']} (campaign submit exit {sub.get('exit_code')}, {sub.get('wall_s')} s)", ""]
         lines += [f"- {s['name']} ({s['kind']}): **{s['state']}**: {s['verdict']}" for s in st["stages"]]
     sc = (result.get("gpu-1b") or {}).get("scaling") or []
     if sc:
-        lines += ["", f"### Scaling ({run.args.size}, bf16, FSDP2, weak, {run.args.micro_batch} seq/GPU)", "",
+        lines += ["", f"### Scaling ({run.args.size}, {'bf16' if run.args.device == 'cuda' else 'fp32'}, FSDP2, weak, {run.args.micro_batch} seq/GPU)", "",
                   scaling_table(sc)]
     ddp = (result.get("gpu-1b-ddp") or {}).get("scaling") or []
     if ddp:
@@ -643,9 +644,8 @@ def write_outputs(run: Run, result: dict[str, Any], samples: list[dict[str, Any]
     _merge_exports(run, out)
     with open(out / "nvidia-smi.csv", "w") as f:
         f.write("t0,t1,pid,used_mib\n")
-        for smp in samples:
-            for pid, mem in (smp["apps"] or [(None, None)]):
-                f.write(f"{smp['t0']:.3f},{smp['t1']:.3f},{'' if pid is None else pid},{'' if mem is None else mem}\n")
+        f.writelines(f"{smp['t0']:.3f},{smp['t1']:.3f},{'' if pid is None else pid},{'' if mem is None else mem}\n"
+                     for smp in samples for pid, mem in (smp["apps"] or [(None, None)]))
     _tar_runs(workdir, out / "runs.tar.gz")
     return text
 

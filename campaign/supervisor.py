@@ -147,6 +147,9 @@ def supervise(request: dict[str, Any]) -> dict[str, Any]:
         report.remove_node_local(run_dir, node, str(request["env"].get("CAMPAIGN_ATTEMPT", "0")))
     # A rank that failed by itself is evidence; ranks the supervisor stopped are not.
     suspects = verdict.suspects if verdict.killed_by else _crash_suspects(failure, code)
+    if verdict.killed_by == "stalled" and not suspects and len(hosts) > 1 and policy.drill_s > 0:
+        suspects = [{"node": n, "reason": "hung in a collective drill when bisecting the allocation",
+                     "evidence": {"drills": drills}} for n, drills in _bisect(request, run_dir, hosts, policy)]
     if verdict.killed_by in ("stop", "interrupt"):
         exit_class = "cancelled"
     else:
@@ -308,6 +311,51 @@ def _wait(job: _Job, timeout: float) -> None:
         job.poll(time.time())
     if not job.done:
         job.stop(time.time)
+
+
+def _bisect(request: dict[str, Any], run_dir: Path, hosts: list[str], policy: watchdog.WatchdogPolicy,
+            log: list[dict[str, Any]] | None = None) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Nodes whose subset hangs a short collective drill, found by halving (instead of blind
+    rotation). A single-rank subset tests the node's own stack, not its network."""
+    log = [] if log is None else log
+    if len(hosts) < 2:
+        return []
+    half = len(hosts) // 2
+    parts = [hosts[:half], hosts[half:]]
+    results = [_drill(request, run_dir, part, policy) for part in parts]
+    log.extend({"nodes": part, "ok": ok} for part, ok in zip(parts, results))
+    bad: list[tuple[str, list[dict[str, Any]]]] = []
+    for part, ok in zip(parts, results):
+        if not ok:
+            bad += [(part[0], list(log))] if len(part) == 1 else _bisect(request, run_dir, part, policy, log)
+    return bad
+
+
+def _drill(request: dict[str, Any], run_dir: Path, hosts: list[str], policy: watchdog.WatchdogPolicy) -> bool:
+    """Run `campaign.train.drill` on `hosts` with the attempt's launcher; True if it passed in time."""
+    drill_dir = run_dir / "drills" / "-".join(hosts)
+    (drill_dir / "logs").mkdir(parents=True, exist_ok=True)
+    hostfile = drill_dir / "hostfile"
+    hostfile.write_text("".join(f"{h}\n" for h in hosts))
+    env = {**request.get("env", {}), "CAMPAIGN_RUN_DIR": str(drill_dir), "CAMPAIGN_HOSTFILE": str(hostfile)}
+    sub = {**request, "run_dir": str(drill_dir), "hostfile": str(hostfile), "env": env,
+           "argv": ["{python}", "-m", "campaign.train.drill", "--config", request["config_path"]],
+           "master_port": _free_port()}
+    job, _ = _start(sub, drill_dir, hosts)
+    end = time.time() + policy.drill_s
+    while not job.done and time.time() < end:
+        time.sleep(0.2)
+        job.poll(time.time())
+    passed = job.done and all(code == 0 for code, _ in job.exits.values())
+    if not job.done:
+        job.stop(time.time)
+    return passed
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _crash_suspects(failure: tuple[int, int, str, float] | None, code: int) -> list[dict[str, Any]]:

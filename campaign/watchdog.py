@@ -52,6 +52,9 @@ class WatchdogPolicy(StrictModel):
     """Budget per step during those warm-up steps."""
     exit_s: float = Field(default=60.0, gt=0)
     """Once every rank is done, how long the job may take to exit."""
+    drill_s: float = Field(default=90.0, ge=0)
+    """When a stall names no node: per bisection drill (a short collective test on half of the
+    nodes), how long it may take before its half counts as hanging (0: no drill)."""
     straggler_ratio: float = Field(default=3.0, gt=1)
     """A node whose ranks compute this many times longer than the others' median is a straggler."""
 

@@ -185,3 +185,17 @@ def test_straggler_is_reported_with_its_ratio_and_not_excluded_by_default(ws: Wo
     assert view["exclusions"] == [], "reported, not excluded, unless the spec says so"
     assert "straggler local-n1" in r.out
     assert any(k == "straggler" for k, _ in view["events"])
+
+
+def test_hang_inside_a_collective_is_found_by_bisection(ws: Workspace) -> None:
+    fault = [{"kind": "hang_in_collective", "step": 25, "node": "local-n1", "attempt": 1}]
+    watchdog = {**FAST_WATCHDOG, "drill_s": 40}
+    spec = ws.write_spec(tiny_spec("bisect", [long_run(fault, watchdog=watchdog)]))
+    r = ws.cli("submit", str(spec), CAMPAIGN_ALLOW_FAULTS="1")
+    assert r.code == 0, r.out + r.err
+    view = ledger_view(ws, "bisect")
+    check_recovered(view, "local-n1", "stalled")
+    sus = view["attempts"][0]["suspects"][0]
+    assert "collective drill" in sus["reason"]
+    drills = sus["evidence"]["drills"]
+    assert {"nodes": ["local-n0"], "ok": True} in drills and {"nodes": ["local-n1"], "ok": False} in drills
