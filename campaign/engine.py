@@ -13,6 +13,7 @@ progress. Only this process writes the ledger.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -20,6 +21,7 @@ import signal
 import socket
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -191,6 +193,17 @@ class StageContext:
         request.update(interrupt=interrupt, watchdog=(watchdog or WatchdogPolicy()).model_dump())
         self.engine.progress.attempt_started(self.run.name, number, n, steps, label)
         self.engine.current_run_dir = run_dir
+        rep, offset = self._supervise(request, attempt_id, run_dir, steps)
+        if rep.get("short_of_nodes") and self.engine.renew_block(excluded):
+            # The block has too few usable nodes left (spares spent): a new block, then again.
+            rep, offset = self._supervise(request, attempt_id, run_dir, steps)
+        self.engine.current_run_dir = None
+        self._ingest(attempt_id, run_dir, offset, steps)
+        return self._finish(attempt_id, number, run_dir, rep, ckpt)
+
+    def _supervise(self, request: dict[str, Any], attempt_id: int, run_dir: Path, steps: int
+                   ) -> tuple[dict[str, Any], int]:
+        """Call the supervisor app and ingest metrics until it returns."""
         future = self._supervisor_app()(request)
         offset = 0
         while not future.done():
@@ -199,12 +212,9 @@ class StageContext:
             if self.engine.cancel_requested:
                 (run_dir / STOP_FILE).touch()
         try:
-            rep = future.result()
+            return future.result(), offset
         except Exception as e:  # the app itself failed: its block ended, or a bug/serialization problem
-            rep = _app_failure(e, run_dir)
-        self.engine.current_run_dir = None
-        self._ingest(attempt_id, run_dir, offset, steps)
-        return self._finish(attempt_id, number, run_dir, rep, ckpt)
+            return _app_failure(e, run_dir), offset
 
     def _supervisor_app(self) -> Any:
         if self._app is None:
@@ -288,6 +298,7 @@ class Engine:
         self.campaign_id: int | None = None
         self.cancel_requested = False
         self.current_run_dir: Path | None = None
+        self._dfk: Any = None
 
     # --- campaign -----------------------------------------------------------------------
 
@@ -360,15 +371,52 @@ class Engine:
             if not verdict.passed and not stage.continue_on_failure:
                 failed = run.name
 
-    def _parsl(self) -> Any:
+    @contextlib.contextmanager
+    def _parsl(self) -> Iterator[None]:
         """One Parsl DataFlowKernel (and one block) for the stages of this submission; a fresh
-        Config each time, as Parsl requires."""
+        Config each time, as Parsl requires; `renew_block` may replace it in between."""
+        self._load_parsl(self.spec.site)
+        try:
+            yield
+        finally:
+            self._unload_parsl()
+
+    def _load_parsl(self, site: Any) -> None:
         import parsl
 
         from campaign import executors
 
-        site_module = executors.module(self.spec.site.kind)
-        return parsl.load(site_module.parsl_config(self.spec.site, self.campaign_dir / "parsl"))
+        self._dfk = parsl.load(executors.module(site.kind).parsl_config(site, self.campaign_dir / "parsl"))
+
+    def _unload_parsl(self) -> None:
+        import parsl
+
+        if self._dfk is not None:
+            self._dfk.cleanup()
+            self._dfk = None
+            parsl.clear()
+
+    def renew_block(self, excluded: list[str]) -> bool:
+        """Replace the block by a new one that can still provide the stage's nodes (batch sites:
+        the spares are spent). False where no new block can help (the local site)."""
+        from campaign import executors
+
+        site = self.spec.site
+        if site.node_names() is not None or self._dfk is None:
+            return False
+        module = executors.module(site.kind)
+        renewed = getattr(module, "renewed", None)
+        new_site = renewed(site, excluded) if renewed else site.model_copy(update={"spares": site.spares + len(excluded)})
+        message = (f"spares spent ({len(excluded)} node(s) excluded): asking the provider for a new block of "
+                   f"{new_site.block_nodes} node(s)")
+        with self.ledger.session() as s:
+            c = s.get(Campaign, self.campaign_id)
+            assert c is not None
+            q.add_event(s, c, "block_renewed", message, data={"excluded": excluded})
+        self.progress.event(message)
+        self._unload_parsl()
+        self._load_parsl(new_site)
+        return True
 
     def run_stage(self, run: StageRun, stage: StageSpec) -> Verdict:
         self._set_stage(run, "running")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -64,6 +65,7 @@ class AttemptReport:
     error: str | None = None
     detected_after_s: float | None = None
     stragglers: list[dict[str, Any]] = field(default_factory=list)
+    short_of_nodes: bool = False
 
 
 @dataclass
@@ -129,13 +131,15 @@ def supervise(request: dict[str, Any]) -> dict[str, Any]:
                f"({len(allocation) - len(usable)} excluded); ask for fewer nodes, more spares, or lift exclusions "
                "with `campaign nodes include`")
         out = AttemptReport(exit_code=exits.NO_RETRY, exit_class="config_error", duration_s=0.0, nodes=[],
-                            allocation=allocation, error=msg)
+                            allocation=allocation, error=msg, short_of_nodes=True)
         return _finish(run_dir, out)
     hosts, spares = usable[:n], usable[n:]
     _prepare(request, run_dir, hosts)
     job, command = _start(request, run_dir, hosts)
     verdict = _watch(job, request, hosts, start)
     failure = job.first_failure()
+    if failure is not None and failure[0] == -1:  # one launcher process: its log names the rank
+        failure = launcher_failure(run_dir / "logs" / "launcher.log", failure)
     code = exits.STALLED if verdict.killed_by == "stalled" else (failure[1] if failure else 0)
     if verdict.killed_by == "exit_hung":  # the trainer's own last event says how it ended
         code = {"done": exits.OK, "deadline": exits.SIGTERM, "nonfinite_loss": exits.NONFINITE}.get(
@@ -356,6 +360,41 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+# What launchers print when a rank fails first (the evidence `srun`/`mpiexec` leave us):
+_LAUNCHER_FAILURES = (
+    # srun: error: n2: task 1: Exited with exit code 1   |   srun: error: n2: task 3: Killed
+    re.compile(r"srun: error: (?P<node>[\w.-]+): tasks? (?P<rank>\d+)[\d,-]*: "
+               r"(?:Exited with exit code (?P<code>\d+)|(?P<signal>Killed|Segmentation fault|Aborted))"),
+    # PALS: x4000c0s0b0n0: rank 5 exited with code 1   |   ... rank 5 died from signal 9
+    re.compile(r"(?P<node>[\w.-]+): rank (?P<rank>\d+) (?:exited with code (?P<code>\d+)|died from signal (?P<sig>\d+))"),
+    # MPICH hydra: RANK 1 PID 1234 RUNNING AT b ... EXIT CODE: 1
+    re.compile(r"RANK (?P<rank>\d+) PID \d+ RUNNING AT (?P<node>[\w.-]+)\s+=\s+KILLED BY SIGNAL: (?P<sig>\d+)|"
+               r"PID \d+ RUNNING AT (?P<node2>[\w.-]+)\s+=\s+EXIT CODE: (?P<code2>\d+)"),
+)
+_SIGNALS = {"Killed": 137, "Segmentation fault": 139, "Aborted": 134}
+
+
+def launcher_failure(log: Path, failure: tuple[int, int, str, float]) -> tuple[int, int, str, float]:
+    """The first failed rank as the launcher reported it: (rank, exit code, node, time)."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return failure
+    found = []
+    for pattern in _LAUNCHER_FAILURES:
+        for m in pattern.finditer(text):
+            d = {k: v for k, v in m.groupdict().items() if v is not None}
+            code = int(d.get("code") or d.get("code2") or 0) or _SIGNALS.get(d.get("signal", ""), 0) \
+                or 128 + int(d.get("sig") or 0)
+            if code in (0, 128, exits.SIGTERM):  # ranks terminated because another failed first
+                continue
+            found.append((m.start(), int(d.get("rank", -1)), code, d.get("node") or d.get("node2") or ""))
+    if not found:
+        return failure
+    _, rank, code, node = min(found)
+    return rank, code, node, failure[3]
 
 
 def _crash_suspects(failure: tuple[int, int, str, float] | None, code: int) -> list[dict[str, Any]]:

@@ -72,6 +72,13 @@ def provider(site: SlurmSite, cls: type | None = None) -> SlurmProvider:
                                   scheduler_options=site.scheduler_options.strip(), **batch.provider_kwargs(site))
 
 
+def renewed(site: SlurmSite, excluded: list[str]) -> SlurmSite:
+    """The site for a new block that Slurm builds without the excluded nodes."""
+    line = f"#SBATCH --exclude={','.join(sorted(excluded))}"
+    options = "\n".join(x for x in (site.scheduler_options.strip(), line) if x)
+    return site.model_copy(update={"scheduler_options": options})
+
+
 def parsl_config(site: SlurmSite, run_dir: Path) -> Config:
     """A fresh Parsl Config: one Slurm block of nodes + spares, one worker on its first node."""
     return batch.parsl_config(site, provider(site), run_dir)

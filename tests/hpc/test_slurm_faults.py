@@ -93,3 +93,19 @@ def test_block_cancelled_and_node_drained_under_a_running_long_run(slurm_cluster
     detail = status.get("attempts_detail") or []
     classes = [a.get("state") or a.get("exit_class") for a in detail]
     assert "block_lost" in classes, detail
+
+
+def test_spares_spent_asks_the_provider_for_a_new_block(slurm_cluster, tmp_path):
+    doc = spec("slurm-renew", {"steps": 30, "faults": [{"kind": "crash", "step": 25, "node": "n2", "attempt": 1}]})
+    doc["site"]["spares"] = 0
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    p = run(tmp_path, "submit", str(path), CAMPAIGN_ALLOW_FAULTS="1")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "asking the provider for a new block" in p.stdout
+    tries = attempts(tmp_path, "slurm-renew")
+    assert tries[0]["exit_class"] == "crashed_node" and tries[0]["nodes"] == ["n1", "n2"]
+    assert tries[-1]["exit_class"] == "succeeded" and "n2" not in tries[-1]["allocation"], \
+        "the new block was built without the excluded node"
+    scripts = sorted((tmp_path / "wd" / "slurm-renew" / "parsl").glob("*/submit_scripts/parsl.campaign.block-*[0-9]"))
+    assert any("#SBATCH --exclude=n2" in s.read_text() for s in scripts), scripts
