@@ -77,8 +77,8 @@ MALFORMED: list[tuple[str, str | bytes, str]] = [
     ("unknown-top", "name: demo\nstagez: []\nstages:\n  - kind: smoke\n",
      "stagez: unknown key; did you mean 'stages'? (known here: name, description, site, model, data, trainer, stages) "
      "({f}, line 2)"),
-    ("unknown-site", "name: demo\nsite:\n  kind: local\n  gpus: 4\nstages:\n  - kind: smoke\n",
-     "site.gpus: unknown key (known here: {local_fields}) ({f}, line 4)"),
+    ("unknown-site", "name: demo\nsite:\n  kind: local\n  colour: blue\nstages:\n  - kind: smoke\n",
+     "site.colour: unknown key (known here: {local_fields}) ({f}, line 4)"),
     ("unknown-stage", "name: demo\nstages:\n  - kind: smoke\n    stepz: 4\n",
      "stages[0].stepz: unknown key; did you mean 'steps'? (known here: {smoke_fields}) ({f}, line 4)"),
     ("unknown-trainer", "name: demo\ntrainer:\n  micro_batch: 4\nstages:\n  - kind: smoke\n",
