@@ -17,14 +17,19 @@ to its own GPU with `bind_gpus: true`), runs `campaign submit` (Parsl HTEX, SQLi
    losses are not bit-exact, the largest difference sets the tolerance of a second run
    (campaign `gpu-resume-tol`);
 3. campaign `gpu-1b-ddp`: the scaling stage again under DDP, whose comm hook times the
-   gradient all-reduce (FSDP2 does not expose its collective time).
+   gradient all-reduce (FSDP2 does not expose its collective time);
+4. (`--phases strict`) the resume test with the same trainer run with
+   `torch.use_deterministic_algorithms(True, warn_only=False)` (deterministic attention
+   backward), falling back to the math attention backend if some op has no deterministic
+   variant; then, with --resume-tolerance, the built-in trainer's resume test at that tolerance.
 
 Results are read back through the campaign's own CLI and ledger (`campaign status NAME --json`,
 `campaign ledger export`, the ledger's ORM for the attempts' watchdog summaries). Tables and
 logs go to --out (default $OUT); a summary is printed last.
 
     python benchmarks/gpu_campaign.py                      # all GPUs of this machine
-    python benchmarks/gpu_campaign.py --gpus 8             # node counts 1, 2, 4, 8
+    python benchmarks/gpu_campaign.py --gpus 8 --phases 1b --budget-s 560           # node counts 1, 2, 4, 8
+    python benchmarks/gpu_campaign.py --gpus 8 --phases drill,ddp --budget-s 560    # (two device calls)
     python benchmarks/gpu_campaign.py --rehearsal          # tiny models on CPU (gloo): checks the harness
     python benchmarks/gpu_campaign.py --write-specs DIR    # only write the campaign files
 
@@ -74,6 +79,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-step", type=int, default=100, help="rank 0 hangs here in attempt 1")
     p.add_argument("--collective-hang-step", type=int, default=190,
                    help="rank 0 hangs in a collective here in attempt 2 (0: no second fault)")
+    p.add_argument("--resume-tolerance", type=float, default=None,
+                   help="tolerance of the follow-up resume test (default: 2x the largest difference seen, rounded up)")
+    p.add_argument("--phases", default="1b,drill,ddp",
+                   help="comma list of 1b (smoke, loss check, scaling), drill (fault drill + resume test, then "
+                        "the resume test again at a tolerance if not bit-exact), ddp (DDP scaling), strict "
+                        "(resume test with deterministic kernels forced, then at --resume-tolerance)")
     p.add_argument("--compile", action="store_true", help="torch.compile in the scaling campaign")
     p.add_argument("--no-ddp", action="store_true", help="skip the DDP scaling campaign")
     p.add_argument("--budget-s", type=float, default=540.0,
@@ -185,6 +196,26 @@ def spec_resume_tol(args: argparse.Namespace, tolerance: float) -> dict[str, Any
     s = spec_drill(args)
     return {**s, "name": "gpu-resume-tol", "description": f"resume test at tolerance {tolerance:g}",
             "stages": [resume_stage(tolerance)]}
+
+
+# The built-in trainer asks for deterministic algorithms with warn_only=True on accelerators,
+# under which cuDNN and flash attention keep their non-deterministic backward. This trainer
+# command (the trainer contract allows any) runs the same trainer with warn_only=False, so
+# those kernels take their deterministic variants (or an op without one fails loudly).
+STRICT_TRAINER = ("import runpy, torch; f = torch.use_deterministic_algorithms; "
+                  "torch.use_deterministic_algorithms = lambda mode, **kw: f(mode, warn_only=False); "
+                  "runpy.run_module('campaign.train', run_name='__main__', alter_sys=True)")
+# Fallback when some op has no deterministic variant: only attention is made deterministic,
+# by restricting scaled_dot_product_attention to its math backend.
+MATH_SDPA_TRAINER = ("import runpy, torch; b = torch.backends.cuda; b.enable_cudnn_sdp(False); "
+                     "b.enable_flash_sdp(False); b.enable_mem_efficient_sdp(False); b.enable_math_sdp(True); "
+                     "runpy.run_module('campaign.train', run_name='__main__', alter_sys=True)")
+
+
+def spec_resume_strict(args: argparse.Namespace, code: str, name: str) -> dict[str, Any]:
+    s = spec_drill(args)
+    return {**s, "name": name, "description": "resume test with deterministic kernels forced (own trainer command)",
+            "trainer": {**s["trainer"], "command": ["{python}", "-c", code]}, "stages": [resume_stage(0.0)]}
 
 
 def write_spec(spec: dict[str, Any], path: Path) -> Path:
@@ -446,6 +477,32 @@ def resume_report(status: dict[str, Any] | None) -> dict[str, Any] | None:
             "max_abs_diff": max(diffs) if diffs else None, "comparisons_ran": ran}
 
 
+def resume_pairs(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per signal, from the exported steps of a resume test: is the resumed run's first step
+    the interrupted run's own step, bit for bit (the checkpoint restored model, optimizer,
+    data position and RNG exactly, whatever the kernels), and how far two fresh runs (the
+    reference and the interrupted one, before the cut) drift apart (the kernels' noise)."""
+    by: dict[str, dict[int, float]] = {}
+    for m in steps:
+        if m.get("stage") == "resume-test" and m.get("loss") is not None:
+            by.setdefault(m.get("label") or "", {})[int(m["step"])] = float(m["loss"])
+    ref = by.get("reference", {})
+    out = []
+    for sig in ("SIGKILL", "SIGTERM"):
+        cut = next((v for k, v in by.items() if k.startswith(f"{sig} at")), None)
+        res = by.get(f"resume after {sig}")
+        if not cut or not res:
+            continue
+        first = min(res)
+        noise = [abs(cut[k] - ref[k]) for k in cut if k in ref]
+        out.append({"signal": sig, "resumed_first_step": first, "resumed_loss": res[first],
+                    "interrupted_loss_same_step": cut.get(first),
+                    "first_step_exact": cut.get(first) == res[first],
+                    "fresh_run_max_abs_diff": max(noise) if noise else None,
+                    "fresh_run_first_diff_step": next((k for k in sorted(cut) if k in ref and cut[k] != ref[k]), None)})
+    return out
+
+
 def nice_ceil(x: float) -> float:
     """Round up to one significant digit: 3.2e-4 -> 4e-4."""
     e = 10 ** math.floor(math.log10(x))
@@ -537,16 +594,20 @@ def main(argv: list[str] | None = None) -> int:
     result["environment"] = environment()
     monitor_samples: list[dict[str, Any]] = []
 
+    phases = {x.strip() for x in args.phases.split(",") if x.strip()}
+
     # 1. smoke, loss check, scaling (FSDP2)
-    spec = write_spec(spec_1b(args), workdir / "specs" / "gpu-1b.yaml")
-    result["gpu-1b"] = {"submit": run.submit(spec, timeout=run.left() - 240 if not args.rehearsal else run.left() - 60)}
-    st = run.status("gpu-1b")
-    steps_1b = run.export("gpu-1b", "steps")
-    result["gpu-1b"].update(status=st, scaling=scaling_rows(st, steps_1b, warmup=5))
+    if "1b" in phases:
+        spec = write_spec(spec_1b(args), workdir / "specs" / "gpu-1b.yaml")
+        reserve = 60 if args.rehearsal else 240 if "drill" in phases else 30
+        result["gpu-1b"] = {"submit": run.submit(spec, timeout=run.left() - reserve)}
+        st = run.status("gpu-1b")
+        result["gpu-1b"].update(status=st, scaling=scaling_rows(st, run.export("gpu-1b", "steps"), warmup=5))
+        run.export("gpu-1b", "attempts")
 
     # 2. fault drill + resume test, with nvidia-smi watching
     drill_res: dict[str, Any] = {}
-    if run.left() > 120:
+    if "drill" in phases and run.left() > 120:
         spec = write_spec(spec_drill(args), workdir / "specs" / "gpu-drill.yaml")
         with GpuMonitor() as mon:
             drill_res["submit"] = run.submit(spec, timeout=run.left() - 45)
@@ -558,36 +619,66 @@ def main(argv: list[str] | None = None) -> int:
         drill_res["status"] = drill_st
         drill_res["drill"] = drill_report(ledger_attempts(run.campaigns, "gpu-drill"), monitor_samples, mon.available)
         drill_res["resume"] = resume_report(drill_st)
+        drill_res["resume_pairs"] = resume_pairs(run.export("gpu-drill", "steps"))
+        run.export("gpu-drill", "attempts")
         # Lift what the drill excluded (only with 4+ GPUs), so later campaigns may use every node.
         for ex in (drill_st or {}).get("exclusions", []):
             run.cli("nodes", "include", ex["node"], "--site", "local", "--workdir", str(run.campaigns))
         res = drill_res["resume"]
         if res and res["state"] != "passed" and res["comparisons_ran"] and res["max_abs_diff"] and run.left() > 75:
-            tol = nice_ceil(2 * res["max_abs_diff"])
+            tol = args.resume_tolerance or nice_ceil(2 * res["max_abs_diff"])
             say(f"resume test not bit-exact (max |diff| {res['max_abs_diff']:.3g}); again at tolerance {tol:g}")
-            spec = write_spec(spec_resume_tol(args, tol), workdir / "specs" / "gpu-resume-tol.yaml")
-            sub = run.submit(spec, timeout=run.left() - 40)
-            drill_res["resume_tolerance"] = {"tolerance": tol, "submit": sub,
-                                             "result": resume_report(run.status("gpu-resume-tol"))}
-    else:
+            drill_res["resume_tolerance"] = resume_at_tolerance(run, args, tol)
+    elif "drill" in phases:
         say("skipped the drill: out of time")
     result["gpu-drill"] = drill_res
 
+    # Resume test with deterministic kernels forced (own trainer command), then at a tolerance.
+    if "strict" in phases and run.left() > 60:
+        strict: dict[str, Any] = {}
+        for name, code in (("gpu-resume-strict", STRICT_TRAINER), ("gpu-resume-math-sdpa", MATH_SDPA_TRAINER)):
+            spec = write_spec(spec_resume_strict(args, code, name), workdir / "specs" / f"{name}.yaml")
+            sub = run.submit(spec, timeout=run.left() - 25)
+            st = run.status(name)
+            strict[name] = {"submit": sub, "result": resume_report(st),
+                            "resume_pairs": resume_pairs(run.export(name, "steps"))}
+            run.export(name, "attempts")
+            r = strict[name]["result"]
+            if (r and r["comparisons_ran"]) or run.left() < 90:
+                break  # it ran (exact or not): no fallback needed
+            say(f"{name} did not run its comparisons (an op without a deterministic variant?); trying the next")
+        result["strict"] = strict
+    elif "strict" in phases:
+        say("skipped the strict resume test: out of time")
+
     # 3. DDP scaling: the gradient all-reduce timed by the comm hook
-    if not args.no_ddp and run.left() > 90:
+    if "ddp" in phases and run.left() > 90:
         spec = write_spec(spec_ddp(args), workdir / "specs" / "gpu-1b-ddp.yaml")
         sub = run.submit(spec, timeout=run.left() - 25)
         st = run.status("gpu-1b-ddp")
         result["gpu-1b-ddp"] = {"submit": sub, "status": st,
                                 "scaling": scaling_rows(st, run.export("gpu-1b-ddp", "steps"), warmup=5)}
-    elif not args.no_ddp:
+        run.export("gpu-1b-ddp", "attempts")
+    elif "ddp" in phases:
         say("skipped the DDP scaling campaign: out of time")
+
+    if "strict" in phases and args.resume_tolerance and "drill" not in phases and run.left() > 75:
+        result["gpu-drill"]["resume_tolerance"] = resume_at_tolerance(run, args, args.resume_tolerance)
 
     result["nvidia_smi_final"] = nvidia_smi_text()
     summary = write_outputs(run, result, monitor_samples)
     print(summary, flush=True)
-    ok = all((result.get(n) or {}).get("submit", {}).get("exit_code") == 0 for n in ("gpu-1b",))
+    ok = all(result[n]["submit"]["exit_code"] == 0 for n in ("gpu-1b", "gpu-drill") if "submit" in (result.get(n) or {}))
     return 0 if ok else 1
+
+
+def resume_at_tolerance(run: Run, args: argparse.Namespace, tol: float) -> dict[str, Any]:
+    spec = write_spec(spec_resume_tol(args, tol), run.workdir / "specs" / "gpu-resume-tol.yaml")
+    sub = run.submit(spec, timeout=run.left() - 20)
+    out = {"tolerance": tol, "submit": sub, "result": resume_report(run.status("gpu-resume-tol")),
+           "resume_pairs": resume_pairs(run.export("gpu-resume-tol", "steps"))}
+    run.export("gpu-resume-tol", "attempts")
+    return out
 
 
 def environment() -> dict[str, Any]:
@@ -608,7 +699,7 @@ def write_outputs(run: Run, result: dict[str, Any], samples: list[dict[str, Any]
     out, workdir = run.out, run.workdir
     lines = [f"# GPU campaign ({run.args.gpus} GPU(s), {run.args.device})", ""]
     lines.append(f"environment: {json.dumps(result.get('environment'))}")
-    for name in ("gpu-1b", "gpu-drill", "gpu-1b-ddp"):
+    for name in ("gpu-1b", "gpu-drill", "gpu-1b-ddp"):  # (resume-test campaigns: their own section)
         st = (result.get(name) or {}).get("status")
         if not st:
             continue
@@ -628,14 +719,26 @@ def write_outputs(run: Run, result: dict[str, Any], samples: list[dict[str, Any]
                   f"finished: {drill['finished']} at step {drill['final_step']}", "", drill_table(drill), "",
                   "attempts: " + "; ".join(f"{a['number']} {a['state']} (exit {a['exit_code']}) steps "
                                            f"{a['first_step']}-{a['last_step']}" for a in drill["attempts"])]
-    res = (result.get("gpu-drill") or {}).get("resume")
-    if res:
-        lines += ["", "### Resume test", "", f"- tolerance 0: {res['state']}: {res['verdict']}",
-                  f"- largest |loss difference|: {res['max_abs_diff']!r}"]
-        tol = (result.get("gpu-drill") or {}).get("resume_tolerance")
-        if tol and tol.get("result"):
-            lines.append(f"- again at tolerance {tol['tolerance']:g}: {tol['result']['state']}: {tol['result']['verdict']} "
-                         f"(largest |diff| {tol['result']['max_abs_diff']!r})")
+    drill_res = result.get("gpu-drill") or {}
+    entries = [("gpu-drill, built-in trainer, tolerance 0", drill_res.get("resume"), drill_res.get("resume_pairs"))]
+    tol = drill_res.get("resume_tolerance")
+    if tol:
+        entries.append((f"gpu-resume-tol, built-in trainer, tolerance {tol['tolerance']:g}", tol.get("result"),
+                        tol.get("resume_pairs")))
+    for name, r in (result.get("strict") or {}).items():
+        entries.append((f"{name}, deterministic kernels forced, tolerance 0", r.get("result"), r.get("resume_pairs")))
+    entries = [e for e in entries if e[1] or e[2]]
+    if entries:
+        lines += ["", "### Resume test", ""]
+        for name, r, pairs in entries:
+            if r:
+                lines.append(f"- {name}: **{r['state']}**: {r['verdict']}; largest |loss diff| vs the "
+                             f"uninterrupted run: {r['max_abs_diff']!r}")
+            for pr in pairs or []:
+                lines.append(f"  - {pr['signal']}: resumed step {pr['resumed_first_step']} loss {pr['resumed_loss']!r} vs "
+                             f"the interrupted run's own {pr['interrupted_loss_same_step']!r}: "
+                             f"{'exact' if pr['first_step_exact'] else 'DIFFERENT'}; two fresh runs differ by up to "
+                             f"{fmt(pr['fresh_run_max_abs_diff'], '.3g')} (first at step {pr['fresh_run_first_diff_step']})")
     lines += ["", "nvidia-smi at the end:", "```", result.get("nvidia_smi_final", ""), "```"]
     text = "\n".join(lines) + "\n"
     (out / "summary.md").write_text(text)

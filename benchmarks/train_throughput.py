@@ -37,6 +37,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--size", default="tiny", choices=sorted(SHAPES))
     p.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
     p.add_argument("--seq", type=int, default=None, help="context length (default: the size's)")
+    p.add_argument("--activation", default=None, choices=["swiglu", "gelu"],
+                   help="MLP (default: the size's; gelu with 4x width is nanoGPT's MLP)")
     p.add_argument("--parallelism", default="fsdp", choices=["ddp", "fsdp"])
     p.add_argument("--compile", action="store_true", help="torch.compile each block")
     p.add_argument("--ac", action="store_true", help="activation checkpointing")
@@ -44,6 +46,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     p.add_argument("--baseline", default="single", choices=["single", "other", "none"])
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "xpu"])
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after the timed steps, profile N more steps and print where the time goes")
     return p.parse_args(argv)
 
 
@@ -51,7 +55,8 @@ def measure(args: argparse.Namespace, env: dist.DistEnv, parallelism: str | None
     """One configuration; parallelism None = the plain model, no wrapper."""
     dev = env.device
     bf16 = dev.type != "cpu"
-    shape = replace(SHAPES[args.size], seq_len=args.seq or SHAPES[args.size].seq_len)
+    shape = replace(SHAPES[args.size], seq_len=args.seq or SHAPES[args.size].seq_len,
+                    activation=args.activation or SHAPES[args.size].activation)
     torch.manual_seed(0)
     with torch.device(dev):
         model = GPT(shape)
@@ -90,6 +95,8 @@ def measure(args: argparse.Namespace, env: dist.DistEnv, parallelism: str | None
             comms.append(comm.pop() if comm else None)
         elif comm:
             comm.pop()
+    if args.profile and env.rank == 0:
+        profile_steps(args.profile, lambda: _step(model, opt, autocast, x, y), dev)
     step_s = sorted(times)[len(times) // 2]
     tps = args.batch * shape.seq_len * env.world_size / step_s
     fpt = flops.flops_per_token(n_params, shape.n_layer, shape.n_head, shape.head_dim, shape.seq_len)
@@ -134,6 +141,28 @@ def table(rows: list[dict]) -> str:
                      f"{fmt(r['mfu'] and 100 * r['mfu'], '>7.1f%'):>8}{r['step_s']:>10.4f}"
                      f"{fmt(r['comm_s'], '>10.4f')}{fmt(r['mem_gib'], '>10.1f')}")
     return "\n".join(lines)
+
+
+def _step(model, opt, autocast, x, y) -> None:
+    with autocast:
+        loss = model(x, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def profile_steps(n: int, step, dev: torch.device) -> None:
+    """torch.profiler over n steps: the kernels that take the device's time, grouped."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(n):
+            step()
+        sync(dev)
+    key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=70))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -197,6 +197,9 @@ class StageContext:
         if rep.get("short_of_nodes") and self.engine.renew_block(excluded):
             # The block has too few usable nodes left (spares spent): a new block, then again.
             rep, offset = self._supervise(request, attempt_id, run_dir, steps)
+        elif rep.get("block_failed") and self.engine.restart_block(rep["error"]):
+            # Parsl gives up on an executor whose block never started; a fresh load, then again.
+            rep, offset = self._supervise(request, attempt_id, run_dir, steps)
         self.engine.current_run_dir = None
         self._ingest(attempt_id, run_dir, offset, steps)
         return self._finish(attempt_id, number, run_dir, rep, ckpt)
@@ -259,14 +262,18 @@ class StageContext:
 
 def _app_failure(e: Exception, run_dir: Path) -> dict[str, Any]:
     """The report of an attempt whose supervisor app never returned."""
+    from parsl.executors.errors import BadStateException
     from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
     lost = isinstance(e, (ManagerLost, WorkerLost))
+    unstarted = isinstance(e, BadStateException)  # the block's workers never registered
     metrics, _ = report.read_metrics(run_dir)
-    return {"exit_code": 143 if lost else 1, "exit_class": "block_lost" if lost else "crashed_systemic",
-            "duration_s": 0.0, "nodes": [], "suspects": [], "killed_by": None,
-            "last_step": metrics[-1]["step"] if metrics else None,
-            "error": f"{'the block ended under the attempt' if lost else 'supervisor app failed'}: {e!r}"}
+    what = ("the block failed to start its worker" if unstarted else "the block ended under the attempt" if lost
+            else "supervisor app failed")
+    return {"exit_code": 143 if lost or unstarted else 1,
+            "exit_class": "block_lost" if lost or unstarted else "crashed_systemic",
+            "block_failed": unstarted, "duration_s": 0.0, "nodes": [], "suspects": [], "killed_by": None,
+            "last_step": metrics[-1]["step"] if metrics else None, "error": f"{what}: {str(e)[:2000]}"}
 
 
 def _tokens_base(run: StageRun, resume: bool) -> int:
@@ -299,6 +306,7 @@ class Engine:
         self.cancel_requested = False
         self.current_run_dir: Path | None = None
         self._dfk: Any = None
+        self._restarted = False
 
     # --- campaign -----------------------------------------------------------------------
 
@@ -395,6 +403,21 @@ class Engine:
             self._dfk.cleanup()
             self._dfk = None
             parsl.clear()
+
+    def restart_block(self, why: str) -> bool:
+        """A fresh Parsl load of the same site after its block failed to start (once per submission)."""
+        if self._dfk is None or self._restarted:
+            return False
+        self._restarted = True
+        message = f"the block failed to start; loading Parsl again for a new block ({why.splitlines()[0][:200]})"
+        with self.ledger.session() as s:
+            c = s.get(Campaign, self.campaign_id)
+            assert c is not None
+            q.add_event(s, c, "block_restarted", message)
+        self.progress.event(message)
+        self._unload_parsl()
+        self._load_parsl(self.spec.site)
+        return True
 
     def renew_block(self, excluded: list[str]) -> bool:
         """Replace the block by a new one that can still provide the stage's nodes (batch sites:

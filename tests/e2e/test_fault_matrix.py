@@ -4,7 +4,6 @@ the ledger as a user would read it."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -127,8 +126,9 @@ def test_corrupted_newest_checkpoint_falls_back_to_the_previous(ws: Workspace) -
 
 
 def test_walltime_shorter_than_the_run_checkpoints_and_continues(ws: Workspace) -> None:
-    stage = long_run([], steps=600, checkpoint_every=100, max_attempts=6)
-    spec = ws.write_spec(tiny_spec("walltime", [stage], walltime_s=25))
+    # 3000 steps take 60 s on a quiet machine (3 min loaded): more than one 30 s "block" either way
+    stage = long_run([], steps=3000, checkpoint_every=200, max_attempts=20, timeout_s=600)
+    spec = ws.write_spec(tiny_spec("walltime", [stage], walltime_s=30))
     r = ws.cli("submit", str(spec))
     assert r.code == 0, r.out + r.err
     view = ledger_view(ws, "walltime")
@@ -136,7 +136,7 @@ def test_walltime_shorter_than_the_run_checkpoints_and_continues(ws: Workspace) 
     assert states[-1] == "succeeded" and "walltime" in states
     assert view["exclusions"] == [], "a walltime is not a node's fault"
     steps = [s for a in view["attempts"] for s, _ in a["steps"]]
-    assert max(steps) == 600
+    assert max(steps) == 3000
     walltimed = [a for a in view["attempts"] if a["state"] == "walltime"]
     assert all(a["exit_code"] == 143 for a in walltimed)
 
