@@ -28,7 +28,7 @@ from typing import Any
 
 from campaign import reference, report, stages
 from campaign.errors import CampaignConflict
-from campaign.lease import DriverLease
+from campaign.lease import DriverLease, process_alive
 from campaign.ledger import Ledger
 from campaign.ledger import queries as q
 from campaign.ledger.models import Attempt, Campaign, StageRun, utcnow
@@ -42,6 +42,8 @@ from campaign.watchdog import WatchdogPolicy
 
 INGEST_PERIOD_S = 1.0
 """How often a running attempt's metrics are ingested (one transaction each time)."""
+DRIVER_FILE = "driver.json"
+"""In the campaign directory: the driver's pid and its Parsl interchange's, for a successor to reap."""
 EXIT_CANCELLED = 130
 """`campaign submit` exit code when the campaign was cancelled."""
 
@@ -344,6 +346,9 @@ class Engine:
         previous = self._install_signal_handlers()
         try:
             self.campaign_dir.mkdir(parents=True, exist_ok=True)
+            reaped = reap_dead_driver(self.campaign_dir)
+            if reaped:
+                self.progress.event(f"stopped {reaped} Parsl process(es) a dead driver left running")
             self.recover_orphans()
             return self._drive()
         finally:
@@ -395,6 +400,10 @@ class Engine:
         from campaign import executors
 
         self._dfk = parsl.load(executors.module(site.kind).parsl_config(site, self.campaign_dir / "parsl"))
+        proc = getattr(self._dfk.executors.get(self.site_label), "interchange_proc", None)
+        report.write_json_atomic(self.campaign_dir / DRIVER_FILE, {
+            "host": socket.gethostname(), "pid": os.getpid(), "interchange_pid": proc.pid if proc else None,
+            "parsl_dir": str(self.campaign_dir / "parsl")})
 
     def _unload_parsl(self) -> None:
         import parsl
@@ -561,6 +570,39 @@ class Engine:
             "deadline_from": getattr(site, "deadline_from", "block"),
             "launch": launch,
         }
+
+
+def reap_dead_driver(campaign_dir: Path) -> int:
+    """Stop the Parsl interchange and local block processes of a driver that died (kill -9):
+    they outlive it. Only on the same host, only if that driver is gone, only processes that
+    are provably its own (the interchange's pid and title; workers naming its Parsl directory)."""
+    try:
+        info = json.loads((campaign_dir / DRIVER_FILE).read_text())
+    except (OSError, ValueError):
+        return 0
+    if info.get("host") != socket.gethostname() or info.get("pid") == os.getpid() or process_alive(int(info["pid"])):
+        return 0
+    victims = set()
+    ipid = info.get("interchange_pid")
+    if ipid and b"interchange" in _cmdline(int(ipid)):
+        victims.add(int(ipid))
+    marker = str(info.get("parsl_dir", "")).encode()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and marker and marker in _cmdline(int(proc.name)) and int(proc.name) != os.getpid():
+            victims.add(int(proc.name))
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(victims)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def stop_orphan(run_dir: Path, site: Any) -> str:

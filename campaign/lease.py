@@ -24,7 +24,8 @@ RENEW_S = 10.0
 """How often a running driver renews its lease."""
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -52,7 +53,7 @@ class DriverLease:
             held = q.get_lease(s, c)
             if held is not None and held.token != self.token:
                 age = (utcnow() - held.renewed).total_seconds()
-                dead = held.host == self.host and not _alive(held.pid)
+                dead = held.host == self.host and not process_alive(held.pid)
                 if not dead and age < held.ttl_s:
                     raise CampaignConflict(
                         f"campaign {c.name!r} is being driven by pid {held.pid} on {held.host} (lease renewed {age:.0f} s "
@@ -89,5 +90,5 @@ def is_live(held: Any) -> bool:
     """Whether a lease row's driver still runs: renewed within its ttl and, when it was taken
     on this host, its process exists. (`campaign submit --endpoint` attaches to such a driver.)"""
     age = (utcnow() - held.renewed).total_seconds()
-    dead = held.host == socket.gethostname() and not _alive(held.pid)
+    dead = held.host == socket.gethostname() and not process_alive(held.pid)
     return not dead and age < held.ttl_s

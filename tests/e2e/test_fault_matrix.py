@@ -171,6 +171,12 @@ def test_kill_9_of_the_driver_then_resume_completes(ws: Workspace) -> None:
     assert view["tokens"] == resumed["steps"][-1][1], "stage tokens continue, not double-counted"
     assert any(k == "attempt_orphaned" for k, _ in view["events"])
     assert any(k == "lease_taken_over" for k, _ in view["events"])
+    import subprocess
+
+    parsl_dir = str(ws.workdir / "crashme" / "parsl")
+    left = subprocess.run(["pgrep", "-f", parsl_dir], capture_output=True, text=True).stdout.split()
+    assert left == [], "the dead driver's Parsl interchange and workers were stopped"
+    assert "Parsl process(es) a dead driver left running" in r.out
 
 
 def test_straggler_is_reported_with_its_ratio_and_not_excluded_by_default(ws: Workspace) -> None:

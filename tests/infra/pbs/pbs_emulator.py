@@ -46,6 +46,7 @@ Standard library only; works with any python3 >= 3.8.
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -654,7 +655,9 @@ def run_job(seq):
         finish("Job deleted before it ran", None)
         return 0
 
-    tmpdir = os.path.join(jd, "tmp")
+    # As PBS Pro's mom does: a short per-job TMPDIR (/var/tmp/pbs.<jobid>); a long one breaks
+    # AF_UNIX sockets (108-byte paths), which Python's multiprocessing puts there.
+    tmpdir = os.path.join("/var/tmp", "pbs." + job["id"])
     os.makedirs(tmpdir, exist_ok=True)
     env, home = _job_env(job, tmpdir)
     shell = job["shell"] or "/bin/bash"
@@ -730,6 +733,7 @@ def run_job(seq):
             term_sent_at = float("inf")  # KILL sent once; keep waiting
     # the job shell has exited: reap anything the job left behind in its session
     _signal_job(job["id"], proc.pid, signal.SIGKILL)
+    shutil.rmtree(tmpdir, ignore_errors=True)  # PBS Pro removes the job's TMPDIR too
     used = time.time() - job["stime"]
     job["resources_used"] = {"walltime": hms(used), "cput": hms(used), "ncpus": job["resource_list"].get("ncpus", 1),
                              "mem": "0kb", "vmem": "0kb", "cpupercent": 0}
