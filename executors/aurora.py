@@ -22,43 +22,33 @@ MPICH `mpiexec -launcher fork` starts every rank locally under the node names of
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from campaign.executors import batch
+from campaign.executors import pbs
 from campaign.executors.launchers import AURORA_CPU_BIND, AURORA_GPU_BIND, AURORA_RANKS_PER_NODE
 
 if TYPE_CHECKING:
-    from parsl.config import Config
-    from parsl.providers import PBSProProvider
+    pass
 
 CPUS_PER_NODE = 208
 """Logical CPUs of an Aurora node (2 x 52 cores x 2 hyperthreads): PBS `ncpus`."""
 
 
-class AuroraSite(batch.BatchSite):
+class AuroraSite(pbs.PBSSite):
     """ALCF Aurora: PBS Pro blocks, PALS mpiexec, one rank per GPU tile."""
 
     kind: Literal["aurora"] = "aurora"
     """Site kind."""
-    account: str = Field(min_length=1)
-    """ALCF project charged for the blocks (qsub -A)."""
-    queue: str = "prod"
-    """PBS queue: debug, debug-scaling, prod (a routing queue)."""
     filesystems: str = "home:flare"
     """Filesystems the job needs (-l filesystems=); add daos_user for DAOS."""
-    place: str = "scatter"
-    """Chunk placement (-l place=)."""
     ranks_per_node: int = Field(default=AURORA_RANKS_PER_NODE, ge=1, le=208)
     """Ranks per node (12: one per GPU tile)."""
     cpu_bind: str | None = AURORA_CPU_BIND
     """PALS --cpu-bind value (default: 8 cores per rank, cores 0 and 52 left to the OS)."""
     gpu_bind: str | None = AURORA_GPU_BIND
     """PALS --gpu-bind value (default: rank i on tile i//2.i%2); null to leave binding to the trainer."""
-    launcher: Literal["pals", "mpich"] = "pals"
-    """`pals` on Aurora; `mpich` (mpiexec -launcher fork) is the single-machine test stand-in."""
 
     def launch_options(self) -> dict[str, Any]:
         """The supervisor's `request["launch"]`: binding and extra environment."""
@@ -67,33 +57,8 @@ class AuroraSite(batch.BatchSite):
         return {"cpu_bind": self.cpu_bind, "gpu_bind": self.gpu_bind, "env": dict(self.env)}
 
 
-def _directives(site: AuroraSite) -> str:
-    lines = [f"#PBS -l filesystems={site.filesystems}", f"#PBS -l place={site.place}", "#PBS -k doe"]
-    return "\n".join(lines + ([site.scheduler_options.strip()] if site.scheduler_options.strip() else []))
-
-
-def provider(site: AuroraSite, cls: type | None = None) -> PBSProProvider:
-    """The site's PBSProProvider (`cls`: a subclass, for the dry run)."""
-    from parsl.providers import PBSProProvider
-
-    kwargs = batch.provider_kwargs(site)
-    return (cls or PBSProProvider)(account=site.account, queue=site.queue, cpus_per_node=CPUS_PER_NODE,
-                                   scheduler_options=_directives(site), **kwargs)
-
-
-def parsl_config(site: AuroraSite, run_dir: Path) -> Config:
-    """A fresh Parsl Config: one PBS Pro block of nodes + spares, one worker on its head node."""
-    return batch.parsl_config(site, provider(site), run_dir)
-
-
-def cancel_jobs(site: AuroraSite, job_ids: list[str]) -> list[bool]:
-    """qdel the jobs through the provider."""
-    return batch.cancel_jobs(provider(site), job_ids)
-
-
-def dry_run(site: AuroraSite, script_dir: Path) -> tuple[str, list[str]]:
-    """(PBS script, qsub command) of the first block; nothing is submitted or written."""
-    from parsl.providers import PBSProProvider
-
-    return batch.dry_run_block(lambda cls: provider(site, cls), PBSProProvider, site, script_dir,
-                               "DRYRUN.aurora-pbs-0001.hostmgmt.cm.aurora.alcf.anl.gov")
+_pbs = pbs.functions(CPUS_PER_NODE, "", "DRYRUN.aurora-pbs-0001.hostmgmt.cm.aurora.alcf.anl.gov")
+provider = _pbs["provider"]
+parsl_config = _pbs["parsl_config"]
+cancel_jobs = _pbs["cancel_jobs"]
+dry_run = _pbs["dry_run"]

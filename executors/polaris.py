@@ -17,12 +17,11 @@ off for NCCL/NVSHMEM/torch symmetric memory (`NCCL_NVLS_ENABLE=0`, ...).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from campaign.executors import batch
+from campaign.executors import pbs
 from campaign.executors.launchers import (
     NVIDIA_NO_MULTICAST_ENV,
     POLARIS_CPU_BIND,
@@ -32,34 +31,25 @@ from campaign.executors.launchers import (
 )
 
 if TYPE_CHECKING:
-    from parsl.config import Config
-    from parsl.providers import PBSProProvider
+    pass
 
 CPUS_PER_NODE = 64
 """Logical CPUs of a Polaris node (32 cores x 2 hyperthreads): PBS `ncpus`."""
 
 
-class PolarisSite(batch.BatchSite):
+class PolarisSite(pbs.PBSSite):
     """ALCF Polaris: PBS Pro blocks, PALS mpiexec, one rank per A100."""
 
     kind: Literal["polaris"] = "polaris"
     """Site kind."""
-    account: str = Field(min_length=1)
-    """ALCF project charged for the blocks (qsub -A)."""
-    queue: str = "prod"
-    """PBS queue: debug, debug-scaling, prod."""
     filesystems: str = "home:eagle"
     """Filesystems the job needs (-l filesystems=)."""
-    place: str = "scatter"
-    """Chunk placement (-l place=)."""
     ranks_per_node: int = Field(default=POLARIS_RANKS_PER_NODE, ge=1, le=64)
     """Ranks per node (4: one per GPU)."""
     depth: int = Field(default=POLARIS_DEPTH, ge=1, le=64)
     """Logical CPUs per rank (PALS --depth), with --cpu-bind=depth."""
     gpu_affinity: bool = True
     """Give rank i of a node GPU 3 - i % 4 (the inlined set_affinity_gpu_polaris.sh)."""
-    launcher: Literal["pals", "mpich"] = "pals"
-    """`pals` on Polaris; `mpich` (mpiexec -launcher fork) is the single-machine test stand-in."""
 
     def launch_options(self) -> dict[str, Any]:
         """The supervisor's `request["launch"]`: binding, GPU wrapper, NVIDIA environment."""
@@ -70,33 +60,8 @@ class PolarisSite(batch.BatchSite):
         return {"cpu_bind": POLARIS_CPU_BIND, "depth": self.depth, "wrapper": wrapper, "env": env}
 
 
-def _directives(site: PolarisSite) -> str:
-    lines = [f"#PBS -l filesystems={site.filesystems}", f"#PBS -l place={site.place}", "#PBS -k doe"]
-    return "\n".join(lines + ([site.scheduler_options.strip()] if site.scheduler_options.strip() else []))
-
-
-def provider(site: PolarisSite, cls: type | None = None) -> PBSProProvider:
-    """The site's PBSProProvider (`cls`: a subclass, for the dry run)."""
-    from parsl.providers import PBSProProvider
-
-    kwargs = batch.provider_kwargs(site)
-    return (cls or PBSProProvider)(account=site.account, queue=site.queue, cpus_per_node=CPUS_PER_NODE,
-                                   select_options="ngpus=4", scheduler_options=_directives(site), **kwargs)
-
-
-def parsl_config(site: PolarisSite, run_dir: Path) -> Config:
-    """A fresh Parsl Config: one PBS Pro block of nodes + spares, one worker on its head node."""
-    return batch.parsl_config(site, provider(site), run_dir)
-
-
-def cancel_jobs(site: PolarisSite, job_ids: list[str]) -> list[bool]:
-    """qdel the jobs through the provider."""
-    return batch.cancel_jobs(provider(site), job_ids)
-
-
-def dry_run(site: PolarisSite, script_dir: Path) -> tuple[str, list[str]]:
-    """(PBS script, qsub command) of the first block; nothing is submitted or written."""
-    from parsl.providers import PBSProProvider
-
-    return batch.dry_run_block(lambda cls: provider(site, cls), PBSProProvider, site, script_dir,
-                               "DRYRUN.polaris-pbs-01.hsn.cm.polaris.alcf.anl.gov")
+_pbs = pbs.functions(CPUS_PER_NODE, "ngpus=4", "DRYRUN.polaris-pbs-01.hsn.cm.polaris.alcf.anl.gov")
+provider = _pbs["provider"]
+parsl_config = _pbs["parsl_config"]
+cancel_jobs = _pbs["cancel_jobs"]
+dry_run = _pbs["dry_run"]
