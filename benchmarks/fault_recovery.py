@@ -34,7 +34,7 @@ def spec(kind: str) -> dict:
         "trainer": {"micro_batch_size": 2, "warmup_steps": 2},
         "stages": [{"name": "long", "kind": "long_run", "nodes": 2, "steps": 60, "checkpoint_every": 10,
                     "max_attempts": 3, "backoff_s": 0,
-                    "watchdog": {"startup_s": 120, "step_factor": 3, "floor_s": 10},
+                    "watchdog": {"startup_s": 120},  # the default steady budget: 3 x p99 + 9 s
                     "faults": [{"kind": kind, "step": 25, "node": "local-n1", "attempt": 1}]}],
     }
 

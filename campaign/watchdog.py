@@ -139,8 +139,10 @@ def decide(w: Watch, policy: WatchdogPolicy, now: float) -> Decision:
         return Decision(now - since > budget, "checkpoint", now - since, budget)
     if w.last_step == 0:
         return Decision(idle > policy.startup_s, "startup", idle, policy.startup_s)
-    # The step times of the last 200 steps describe the current regime.
-    budget = policy.step_factor * p99(w.step_times[-200:]) + policy.floor_s
+    # The last 200 step times after warm-up describe the current regime (the first steps of
+    # an attempt, with allocator and collective warm-up, would inflate the p99).
+    steady = w.step_times[policy.warmup_steps:] or w.step_times
+    budget = policy.step_factor * p99(steady[-200:]) + policy.floor_s
     if w.steps_seen <= policy.warmup_steps:
         return Decision(idle > max(budget, policy.warmup_s), "warmup", idle, max(budget, policy.warmup_s))
     return Decision(idle > budget, "steady", idle, budget)
