@@ -245,7 +245,7 @@ def status(name: str | None, db_url: str | None, workdir: Path, as_json: bool, w
     def fetch() -> Any:
         with ledger.session() as s:
             if name is None:
-                return [_campaign_row(s, c) for c in q.list_campaigns(s)]
+                return [q.summarize_campaign_row(s, c) for c in q.list_campaigns(s)]
             c = q.get_campaign(s, name)
             if c is None:
                 known = ", ".join(x.name for x in q.list_campaigns(s)) or "none"
@@ -270,18 +270,6 @@ def status(name: str | None, db_url: str | None, workdir: Path, as_json: bool, w
         click.echo(json.dumps(data, indent=2))
         return
     console().print(campaigns_table(data) if name is None else campaign_detail(data))
-
-
-def _campaign_row(s: Any, c: Any) -> dict[str, Any]:
-    from campaign.ledger import queries as q
-
-    runs = q.current_stage_runs(s, c)
-    reached = next((r for r in reversed(runs) if r.state not in ("pending", "skipped")), None)
-    return {"name": c.name, "site": c.site, "state": c.state, "stage": reached.name if reached else None,
-            # An imported run's stages continue one another (cumulative tokens): its total is the largest.
-            "tokens": int(max((r.tokens for r in runs), default=0) if c.site == "imported" else sum(r.tokens for r in runs)),
-            "last_loss": reached.last_loss if reached else None,
-            "updated": c.updated.strftime("%Y-%m-%d %H:%M")}
 
 
 @main.command()
@@ -450,23 +438,6 @@ def data_prepare(texts: tuple[Path, ...], out_path: Path, dtype: str) -> None:
                f"vocabulary {info['vocab_size']}")
 
 
-def _campaigns(s: Any, patterns: tuple[str, ...], display_url: str) -> list[Any]:
-    """Campaigns named by NAME arguments; shell-style wildcards (`auroragpt-*`) allowed."""
-    import fnmatch
-
-    from campaign.ledger import queries as q
-
-    every = sorted(q.list_campaigns(s), key=lambda c: c.name)
-    found: list[Any] = []
-    for pat in patterns:
-        hits = [c for c in every if fnmatch.fnmatchcase(c.name, pat)]
-        if not hits:
-            known = ", ".join(c.name for c in every) or "none"
-            raise CampaignError(f"no campaign named {pat!r} in {display_url} (campaigns: {known})")
-        found += [c for c in hits if c not in found]
-    return found
-
-
 @main.command()
 @click.argument("names", nargs=-1, required=True, metavar="NAME...")
 @_db_options
@@ -501,7 +472,7 @@ def plot(names: tuple[str, ...], db_url: str | None, workdir: Path, kind: str, o
     ledger = _open(db_url, workdir, create=False)
     try:
         with ledger.session() as s:
-            found = _campaigns(s, names, ledger.display_url)
+            found = q.find_campaigns(s, names, ledger.display_url)
             if kind == "scaling":
                 tables = [(f"{c.name} / {r.name}" if len(found) > 1 else r.name, r.numbers["table"])
                           for c in found for r in q.current_stage_runs(s, c)
@@ -511,7 +482,7 @@ def plot(names: tuple[str, ...], db_url: str | None, workdir: Path, kind: str, o
                 fig = plots.scaling_figure(tables)
             else:
                 columns = ("loss", "step_time_s") if kind == "steps" else ("loss",)
-                series = [q.sample_campaign_steps(s, c, stage=stage or (_busiest_stage(s, c) if kind == "steps" else None),
+                series = [q.sample_campaign_steps(s, c, stage=stage or (q.busiest_stage(s, c) if kind == "steps" else None),
                                                   max_points=max_points, columns=columns) for c in found]
                 if kind == "steps":
                     fig = plots.steps_figure(series)
@@ -523,13 +494,6 @@ def plot(names: tuple[str, ...], db_url: str | None, workdir: Path, kind: str, o
     stem = "+".join(c.name for c in found) if len(found) <= 3 else f"{found[0].name}+{len(found) - 1}-more"
     path = plots.save(fig, out_dir / f"{stem}-{kind}.png")
     click.echo(str(path))
-
-
-def _busiest_stage(s: Any, c: Any) -> str | None:
-    from campaign.ledger import queries as q
-
-    runs = [r for r in q.current_stage_runs(s, c) if r.steps]
-    return max(runs, key=lambda r: (r.steps, r.attempts_count)).name if runs else None
 
 
 @main.group()
@@ -563,7 +527,7 @@ def ledger_export(name: str, db_url: str | None, workdir: Path, fmt: str, what: 
     out = out_file.open("w", newline="") if out_file else sys.stdout
     try:
         with led.session() as s:
-            c = _campaigns(s, (name,), led.display_url)[0]
+            c = q.find_campaigns(s, (name,), led.display_url)[0]
             if what == "steps":
                 rows: Any = q.iter_campaign_steps(s, c)
                 columns: Any = q.EXPORT_STEP_COLUMNS

@@ -193,7 +193,6 @@ def _await_lease(ledger: Any, name: str, proc: subprocess.Popen[bytes], log: Pat
 @_answer
 def read_status(name: str | None, workdir: str = "campaigns", db_url: str | None = None) -> dict[str, Any]:
     """`campaign status [NAME] --json` of the ledger on this host, plus its live driver."""
-    from campaign.cli import _campaign_row
     from campaign.ledger import open_ledger
     from campaign.ledger import queries as q
 
@@ -201,7 +200,7 @@ def read_status(name: str | None, workdir: str = "campaigns", db_url: str | None
     try:
         with ledger.session() as s:
             if name is None:
-                return {"data": [_campaign_row(s, c) for c in q.list_campaigns(s)], "ledger": ledger.display_url}
+                return {"data": [q.summarize_campaign_row(s, c) for c in q.list_campaigns(s)], "ledger": ledger.display_url}
             c = q.get_campaign(s, name)
             if c is None:
                 known = ", ".join(x.name for x in q.list_campaigns(s)) or "none"
@@ -217,14 +216,13 @@ def read_plot_data(names: list[str], kind: str = "progress", stage: str | None =
                    workdir: str = "campaigns", db_url: str | None = None) -> dict[str, Any]:
     """What `campaign plot` draws, from the ledger on this host: `tables` (scaling) or
     `series` (progress, steps; downsampled in SQL to `max_points` per campaign)."""
-    from campaign.cli import _busiest_stage, _campaigns
     from campaign.ledger import open_ledger
     from campaign.ledger import queries as q
 
     ledger = open_ledger(_where(workdir, db_url)[1], create=False)
     try:
         with ledger.session() as s:
-            found = _campaigns(s, tuple(names), ledger.display_url)
+            found = q.find_campaigns(s, tuple(names), ledger.display_url)
             out: dict[str, Any] = {"names": [c.name for c in found]}
             if kind == "scaling":
                 out["tables"] = [(f"{c.name} / {r.name}" if len(found) > 1 else r.name, r.numbers["table"])
@@ -232,7 +230,7 @@ def read_plot_data(names: list[str], kind: str = "progress", stage: str | None =
                                  if r.kind == "scaling" and (r.numbers or {}).get("table")]
             else:
                 columns = ("loss", "step_time_s") if kind == "steps" else ("loss",)
-                out["series"] = [q.sample_campaign_steps(s, c, stage=stage or (_busiest_stage(s, c) if kind == "steps" else None),
+                out["series"] = [q.sample_campaign_steps(s, c, stage=stage or (q.busiest_stage(s, c) if kind == "steps" else None),
                                                          max_points=max_points, columns=columns) for c in found]
             return out
     finally:
@@ -244,14 +242,13 @@ def read_export_page(name: str, what: str = "steps", cursor: list[int] | None = 
                      db_url: str | None = None, max_rows: int = PAGE_ROWS, max_bytes: int = PAGE_BYTES) -> dict[str, Any]:
     """One page of `campaign ledger export`: `rows` and the `cursor` of the next page (None:
     the last). Steps are paged by (attempt, step) on the index; attempts and nodes come whole."""
-    from campaign.cli import _campaigns
     from campaign.ledger import open_ledger
     from campaign.ledger import queries as q
 
     ledger = open_ledger(_where(workdir, db_url)[1], create=False)
     try:
         with ledger.session() as s:
-            c = _campaigns(s, (name,), ledger.display_url)[0]
+            c = q.find_campaigns(s, (name,), ledger.display_url)[0]
             if what == "attempts":
                 return {"rows": q.describe_campaign(s, c)["attempts_detail"], "cursor": None}
             if what == "nodes":

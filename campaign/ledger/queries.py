@@ -12,6 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from campaign.errors import CampaignError
 from campaign.ledger.models import Attempt, Campaign, Checkpoint, Event, Exclusion, Lease, StageRun, StepMetric, utcnow
 
 METRIC_FIELDS = ("loss", "step_time_s", "tokens_per_s", "mfu", "comm_time_s", "mem_peak_gib", "lr", "grad_norm", "time")
@@ -467,3 +468,37 @@ def import_reference(s: Session, name: str, runs: Sequence[dict[str, Any]], *, s
 
 def _iso(t: dt.datetime | None) -> str | None:
     return t.strftime("%Y-%m-%d %H:%M:%S") if t is not None else None
+
+
+# --- campaign lists (the CLI and the remote endpoint functions share these) -------------
+
+def summarize_campaign_row(s: Session, c: Campaign) -> dict[str, Any]:
+    """One line of `campaign status` (no NAME): the campaign, the stage it reached, its totals."""
+    runs = current_stage_runs(s, c)
+    reached = next((r for r in reversed(runs) if r.state not in ("pending", "skipped")), None)
+    return {"name": c.name, "site": c.site, "state": c.state, "stage": reached.name if reached else None,
+            # An imported run's stages continue one another (cumulative tokens): its total is the largest.
+            "tokens": int(max((r.tokens for r in runs), default=0) if c.site == "imported" else sum(r.tokens for r in runs)),
+            "last_loss": reached.last_loss if reached else None,
+            "updated": c.updated.strftime("%Y-%m-%d %H:%M")}
+
+
+def find_campaigns(s: Session, patterns: Sequence[str], display_url: str) -> list[Campaign]:
+    """Campaigns named by NAME arguments; shell-style wildcards (`auroragpt-*`) allowed."""
+    import fnmatch
+
+    every = sorted(list_campaigns(s), key=lambda c: c.name)
+    found: list[Any] = []
+    for pat in patterns:
+        hits = [c for c in every if fnmatch.fnmatchcase(c.name, pat)]
+        if not hits:
+            known = ", ".join(c.name for c in every) or "none"
+            raise CampaignError(f"no campaign named {pat!r} in {display_url} (campaigns: {known})")
+        found += [c for c in hits if c not in found]
+    return found
+
+
+def busiest_stage(s: Session, c: Campaign) -> str | None:
+    """The stage with the most steps (what a `steps` plot shows by default)."""
+    runs = [r for r in current_stage_runs(s, c) if r.steps]
+    return max(runs, key=lambda r: (r.steps, r.attempts_count)).name if runs else None
