@@ -49,21 +49,39 @@ def attempts(tmp_path: Path, name: str) -> list[dict]:
     return out
 
 
-def test_hang_on_a_slurm_node_is_excluded_at_the_scheduler(slurm_cluster, tmp_path):
+@pytest.mark.parametrize(("fault", "cls", "why"), [
+    ("hang", "stalled", "still computing"),
+    ("sigkill", "crashed_node", "killed by signal 9"),
+])
+def test_node_fault_on_slurm_is_excluded_at_the_scheduler(slurm_cluster, tmp_path, fault, cls, why):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(spec("slurm-hang", {"steps": 30, "faults": [
-        {"kind": "hang", "step": 25, "node": "n2", "attempt": 1}]})))
+        {"kind": fault, "step": 25, "node": "n2", "attempt": 1}]})))
     p = run(tmp_path, "submit", str(path), CAMPAIGN_ALLOW_FAULTS="1")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     first, second = attempts(tmp_path, "slurm-hang")[:2]
-    assert first["exit_class"] == "stalled" and [s["node"] for s in first["suspects"]] == ["n2"]
+    assert first["exit_class"] == cls and [s["node"] for s in first["suspects"]] == ["n2"]
+    assert why in first["suspects"][0]["reason"]
     assert first["nodes"] == ["n1", "n2"] and first["spares"] == ["n3"]
     assert second["nodes"] == ["n1", "n3"], "the spare replaces the excluded node"
     assert "--exclude=n2" in second["launch_command"], "the exclusion reaches Slurm"
     ranks = json.loads((second["dir"] / "startup.json").read_text())["ranks"]
     assert sorted(r["node"] for r in ranks) == ["n1", "n3"], "no rank on n2 (SLURMD_NODENAME)"
     nodes = run(tmp_path, "nodes", "list", "--site", "slurm")
-    assert "n2" in nodes.stdout and "still computing" in nodes.stdout
+    assert "n2" in nodes.stdout
+
+
+def test_straggler_on_slurm_is_reported_not_excluded(slurm_cluster, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(spec("slurm-slow", {"steps": 40, "faults": [
+        {"kind": "slow", "step": 5, "node": "n2", "factor": 5.0}]})))
+    p = run(tmp_path, "submit", str(path), CAMPAIGN_ALLOW_FAULTS="1")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    first = attempts(tmp_path, "slurm-slow")[0]
+    assert first["exit_class"] == "succeeded"
+    assert [s["node"] for s in first["stragglers"]] == ["n2"] and first["stragglers"][0]["ratio"] >= 3
+    assert "straggler n2" in p.stdout
+    assert "n2" not in run(tmp_path, "nodes", "list", "--site", "slurm").stdout
 
 
 def test_block_cancelled_and_node_drained_under_a_running_long_run(slurm_cluster, tmp_path):
