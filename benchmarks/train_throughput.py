@@ -16,6 +16,7 @@ in a bare PyTorch image. Rank 0 prints.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import sys
 import time
@@ -83,12 +84,7 @@ def measure(args: argparse.Namespace, env: dist.DistEnv, parallelism: str | None
     for i in range(args.warmup + args.steps):
         sync(dev)
         t0 = time.perf_counter()
-        with autocast:
-            loss = model(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = _step(model, opt, autocast, x, y)
         sync(dev)
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
@@ -96,7 +92,7 @@ def measure(args: argparse.Namespace, env: dist.DistEnv, parallelism: str | None
         elif comm:
             comm.pop()
     if args.profile and env.rank == 0:
-        profile_steps(args.profile, lambda: _step(model, opt, autocast, x, y), dev)
+        profile_steps(args.profile, functools.partial(_step, model, opt, autocast, x, y), dev)
     step_s = sorted(times)[len(times) // 2]
     tps = args.batch * shape.seq_len * env.world_size / step_s
     fpt = flops.flops_per_token(n_params, shape.n_layer, shape.n_head, shape.head_dim, shape.seq_len)
@@ -143,13 +139,15 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _step(model, opt, autocast, x, y) -> None:
+def _step(model, opt, autocast, x, y) -> torch.Tensor:
+    """One training step (forward, backward, clip, AdamW); returns the loss."""
     with autocast:
         loss = model(x, y)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
+    return loss
 
 
 def profile_steps(n: int, step, dev: torch.device) -> None:

@@ -10,6 +10,7 @@ import time
 import pytest
 from parsl.jobs.states import JobState
 from parsl.launchers import SimpleLauncher
+from provider_waits import pid_gone, wait_status
 from parsl.providers import PBSProProvider
 
 pytestmark = pytest.mark.slow
@@ -24,33 +25,6 @@ def _provider(tmp_path, **kw) -> PBSProProvider:
                               init_blocks=0, min_blocks=0, max_blocks=1, cmd_timeout=30, **kw)
     provider.script_dir = str(tmp_path)
     return provider
-
-
-def _wait_status(provider, job_id, want, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    seen = []
-    while True:
-        state = provider.status([job_id])[0].state
-        if not seen or seen[-1] != state:
-            seen.append(state)
-        if state in want:
-            return seen
-        if time.monotonic() > deadline:
-            raise AssertionError(f"job {job_id}: states {seen}, wanted one of {want} within {timeout}s")
-        time.sleep(0.1)
-
-
-def _pid_gone(pid: int, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                if any(line.startswith("State:") and line.split()[1] in ("Z", "X") for line in f):
-                    return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def _qsub(tmp_path, script: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -68,9 +42,9 @@ def test_pbspro_provider_lifecycle(pbs_emulator, tmp_path):
                              "cat $PBS_NODEFILE; sleep 1.5", tasks_per_node=1, job_name="infra-pbs")
     assert job_id.endswith(".aurora-pbs-0001.hostmgmt.cm.aurora.alcf.anl.gov"), job_id
     assert job_id.split(".")[0].isdigit()
-    seen = _wait_status(provider, job_id, {JobState.RUNNING})
+    seen = wait_status(provider, job_id, {JobState.RUNNING})
     assert set(seen) <= {JobState.PENDING, JobState.RUNNING}, seen
-    seen = _wait_status(provider, job_id, {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+    seen = wait_status(provider, job_id, {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
     assert seen[-1] == JobState.COMPLETED, seen
 
     out = open(provider.resources[job_id]["job_stdout_path"]).read().split()
@@ -91,7 +65,7 @@ def test_pbspro_provider_cancel_kills_the_job(pbs_emulator, tmp_path):
     pid_file = tmp_path / "pid"
     job_id = provider.submit(f"echo $$ > {pid_file}; sleep 300 & echo $! >> {pid_file}; wait",
                              tasks_per_node=1, job_name="infra-pbs-cancel")
-    _wait_status(provider, job_id, {JobState.RUNNING})
+    wait_status(provider, job_id, {JobState.RUNNING})
     deadline = time.monotonic() + 20
     while not (pid_file.exists() and len(pid_file.read_text().split()) == 2):
         assert time.monotonic() < deadline, "job did not start"
@@ -99,7 +73,7 @@ def test_pbspro_provider_cancel_kills_the_job(pbs_emulator, tmp_path):
     pids = [int(p) for p in pid_file.read_text().split()]
     assert provider.cancel([job_id]) == [True]
     for pid in pids:
-        assert _pid_gone(pid), f"pid {pid} survived qdel"
+        assert pid_gone(pid), f"pid {pid} survived qdel"
     info = pbs_emulator.wait_state(job_id, "F", timeout=20)
     assert info["Exit_status"] == 256 + 15, info  # killed by SIGTERM, as PBS Pro reports it
     assert provider.status([job_id])[0].terminal

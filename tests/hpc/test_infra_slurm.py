@@ -10,6 +10,7 @@ import uuid
 import pytest
 from parsl.jobs.states import JobState
 from parsl.launchers import SrunLauncher
+from provider_waits import pid_gone, wait_status
 from parsl.providers import SlurmProvider
 
 pytestmark = pytest.mark.slow
@@ -21,33 +22,6 @@ def _provider(tmp_path, **kw) -> SlurmProvider:
                              max_blocks=1, cmd_timeout=30, **kw)
     provider.script_dir = str(tmp_path)
     return provider
-
-
-def _wait_status(provider, job_id, want, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    seen = []
-    while True:
-        state = provider.status([job_id])[0].state
-        if not seen or seen[-1] != state:
-            seen.append(state)
-        if state in want:
-            return seen
-        if time.monotonic() > deadline:
-            raise AssertionError(f"job {job_id}: states {seen}, wanted one of {want} within {timeout}s")
-        time.sleep(0.25)
-
-
-def _pid_gone(pid: int, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                if any(line.startswith("State:") and line.split()[1] in ("Z", "X") for line in f):
-                    return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def test_cluster_has_all_nodes_idle(slurm_cluster):
@@ -67,9 +41,9 @@ def test_slurm_provider_runs_a_two_node_block(slurm_cluster, tmp_path):
     job_id = provider.submit(f"echo {marker} node=\\$SLURMD_NODENAME procid=\\$SLURM_PROCID; sleep 4",
                              tasks_per_node=1, job_name="infra-slurm")
     assert job_id and job_id.isdigit(), job_id
-    seen = _wait_status(provider, job_id, {JobState.RUNNING})
+    seen = wait_status(provider, job_id, {JobState.RUNNING})
     assert set(seen) <= {JobState.PENDING, JobState.RUNNING}, seen
-    seen = _wait_status(provider, job_id, {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+    seen = wait_status(provider, job_id, {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
     assert seen[-1] == JobState.COMPLETED, seen
     out = open(provider.resources[job_id]["job_stdout_path"]).read()
     lines = [line for line in out.splitlines() if marker in line]
@@ -82,7 +56,7 @@ def test_slurm_provider_cancel_kills_the_job(slurm_cluster, tmp_path):
     provider = _provider(tmp_path, launcher=SrunLauncher(), exclusive=False)
     pid_file = tmp_path / "pids"
     job_id = provider.submit(f"echo \\$\\$ >> {pid_file}; exec sleep 300", tasks_per_node=1, job_name="infra-cancel")
-    _wait_status(provider, job_id, {JobState.RUNNING})
+    wait_status(provider, job_id, {JobState.RUNNING})
     deadline = time.monotonic() + 30
     while not (pid_file.exists() and len(pid_file.read_text().split()) == 2):
         assert time.monotonic() < deadline, "the job's tasks did not start"
@@ -91,7 +65,7 @@ def test_slurm_provider_cancel_kills_the_job(slurm_cluster, tmp_path):
     assert len(set(pids)) == 2, pids  # one task per node, each its own process
     assert provider.cancel([job_id]) == [True]
     for pid in pids:
-        assert _pid_gone(pid), f"task pid {pid} survived scancel"
+        assert pid_gone(pid), f"task pid {pid} survived scancel"
     squeue = slurm_cluster.run("squeue", "-h", "-j", job_id, "-o", "%t", check=False).stdout.strip()
     assert squeue in ("", "CA", "CG"), squeue
     assert provider.status([job_id])[0].terminal
