@@ -88,7 +88,7 @@ def main() -> None:
 @_db_options
 @click.option("--dry-run", is_flag=True, help="Print what each stage would launch; submit and record nothing.")
 @click.option("--new-version", is_flag=True, help="The file changed: record it as a new version of the campaign.")
-@click.option("--quiet", "-q", is_flag=True, help="Print only errors and the final summary's exit code.")
+@click.option("--quiet", "-q", is_flag=True, help="Print only errors and the final table.")
 @_endpoint_option
 @_errors
 def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, new_version: bool, quiet: bool,
@@ -96,7 +96,8 @@ def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, new_ver
     """Run the campaign in FILE: its stages in order, skipping those already passed.
 
     The same file again continues the same campaign; a changed file under the same name is
-    refused unless --new-version. Exit code 0 if every stage passed, 1 if one failed.
+    refused unless --new-version. Exit code 0 if every stage passed, 1 if one failed, 2 for bad
+    input, 130 if cancelled (`campaign cancel` or Ctrl-C).
     """
     from campaign import spec as spec_mod
 
