@@ -148,9 +148,7 @@ def resume(name: str, db_url: str | None, workdir: Path, quiet: bool) -> None:
     ledger = _open(db_url, workdir, create=False)
     try:
         with ledger.session() as s:
-            c = q.get_campaign(s, name)
-            if c is None:
-                raise CampaignError(f"no campaign named {name!r} in {ledger.display_url}")
+            c = q.require_campaign(s, name, ledger.display_url)
             source, spec_dir = c.spec_source, c.spec_dir
         spec = spec_mod.loads(source, f"{name} (spec kept in the ledger)")
         engine = Engine(spec, ledger, workdir=workdir, progress=Progress(quiet=quiet),
@@ -185,9 +183,7 @@ def cancel(name: str, db_url: str | None, workdir: Path, wait_s: float, endpoint
     ledger = _open(db_url, workdir, create=False)
     try:
         with ledger.session() as s:
-            c = q.get_campaign(s, name)
-            if c is None:
-                raise CampaignError(f"no campaign named {name!r} in {ledger.display_url}")
+            c = q.require_campaign(s, name, ledger.display_url)
             lease = q.get_lease(s, c)
             holder = (lease.host, lease.pid) if lease else None
         if holder is None:
@@ -234,7 +230,6 @@ def status(name: str | None, db_url: str | None, workdir: Path, as_json: bool, w
     "site", "version", "updated", "attempts_detail", "stage_numbers", "exclusions",
     "scaling", "events". Reads counters only, never the step metrics: instant at any size.
     """
-    from campaign.errors import CampaignError as _CE
     from campaign.ledger import queries as q
 
     if endpoint:  # the endpoint reads its ledger; the same views render it here
@@ -247,10 +242,7 @@ def status(name: str | None, db_url: str | None, workdir: Path, as_json: bool, w
         with ledger.session() as s:
             if name is None:
                 return [q.summarize_campaign_row(s, c) for c in q.list_campaigns(s)]
-            c = q.get_campaign(s, name)
-            if c is None:
-                known = ", ".join(x.name for x in q.list_campaigns(s)) or "none"
-                raise _CE(f"no campaign named {name!r} in {ledger.display_url} (campaigns: {known})")
+            c = q.require_campaign(s, name, ledger.display_url)
             return q.describe_campaign(s, c)
 
     from campaign.views import campaign_detail, campaigns_table, console

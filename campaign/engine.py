@@ -36,7 +36,7 @@ from campaign.progress import Progress
 from campaign.reference import Reference
 from campaign.spec import CampaignSpec
 from campaign.stagebase import StageSpec, Verdict
-from campaign.supervisor import PIDS_FILE, STOP_FILE
+from campaign.supervisor import PIDS_FILE, STOP_FILE, free_port
 from campaign.train.config import Fault, RunConfig, TrainerConfig
 from campaign.watchdog import WatchdogPolicy
 
@@ -564,7 +564,7 @@ class Engine:
             "env": env,
             "hostfile": str(run_dir / "hostfile"),
             "config_path": str(config_path),
-            "master_port": _free_port(),
+            "master_port": free_port(),
             "timeout_s": timeout_s,
             "block_walltime_s": getattr(site, "walltime_s", None),
             "deadline_from": getattr(site, "deadline_from", "block"),
@@ -647,8 +647,3 @@ def _kill_group(pgid: int, run_dir: Path) -> bool:
         return False
     return True
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

@@ -344,7 +344,7 @@ def _drill(request: dict[str, Any], run_dir: Path, hosts: list[str], policy: wat
     env = {**request.get("env", {}), "CAMPAIGN_RUN_DIR": str(drill_dir), "CAMPAIGN_HOSTFILE": str(hostfile)}
     sub = {**request, "run_dir": str(drill_dir), "hostfile": str(hostfile), "env": env,
            "argv": ["{python}", "-m", "campaign.train.drill", "--config", request["config_path"]],
-           "master_port": _free_port()}
+           "master_port": free_port()}
     job, _ = _start(sub, drill_dir, hosts)
     end = time.time() + policy.drill_s
     while not job.done and time.time() < end:
@@ -356,7 +356,8 @@ def _drill(request: dict[str, Any], run_dir: Path, hosts: list[str], policy: wat
     return passed
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this host now (for a job's rendezvous)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

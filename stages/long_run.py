@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from campaign import report
+from campaign import exits, report
 from campaign.stagebase import StageSpec, Verdict
 from campaign.train.config import Fault
 from campaign.watchdog import WatchdogPolicy
@@ -32,8 +32,9 @@ from campaign.watchdog import WatchdogPolicy
 if TYPE_CHECKING:
     from campaign.engine import AttemptOutcome, StageContext
 
-RELAUNCH = frozenset({"stalled", "crashed_node", "walltime", "orphaned", "block_lost", "crashed_systemic"})
-"""Exit classes after which the long run launches again (while the budget lasts)."""
+RELAUNCH = exits.RESUMABLE | {"crashed_systemic"}
+"""Exit classes after which the long run launches again (while the budget lasts): the
+resumable ones, and systemic failures (retried with backoff, never blaming a node)."""
 
 
 class LongRunStage(StageSpec):

@@ -483,6 +483,15 @@ def summarize_campaign_row(s: Session, c: Campaign) -> dict[str, Any]:
             "updated": c.updated.strftime("%Y-%m-%d %H:%M")}
 
 
+def require_campaign(s: Session, name: str, display_url: str) -> Campaign:
+    """The campaign named `name`, or a CampaignError that lists the ledger's campaigns."""
+    c = get_campaign(s, name)
+    if c is None:
+        known = ", ".join(x.name for x in list_campaigns(s)) or "none"
+        raise CampaignError(f"no campaign named {name!r} in {display_url} (campaigns: {known})")
+    return c
+
+
 def find_campaigns(s: Session, patterns: Sequence[str], display_url: str) -> list[Campaign]:
     """Campaigns named by NAME arguments; shell-style wildcards (`auroragpt-*`) allowed."""
     import fnmatch

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from campaign.lease import process_alive
+
 REPO = Path(__file__).resolve().parents[2]
 INFRA = REPO / "tests" / "infra"
 SLURM_SCRIPT = INFRA / "slurm_cluster.sh"
@@ -59,15 +61,6 @@ def _script(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SLURM_SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
@@ -100,7 +93,7 @@ def slurm_cluster():
     finally:
         mp.undo()
         me.unlink(missing_ok=True)
-        others = [p for p in users.iterdir() if p.name.isdigit() and _alive(int(p.name))]
+        others = [p for p in users.iterdir() if p.name.isdigit() and process_alive(int(p.name))]
         if not others and started_marker.exists():
             started_marker.unlink(missing_ok=True)
             _script("stop", timeout=120)
