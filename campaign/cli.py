@@ -77,9 +77,13 @@ def _open(db_url: str | None, workdir: Path, *, create: bool = True) -> Any:
 def main() -> None:
     """Run multi-stage LLM training campaigns on HPC machines, with a ledger of record.
 
-    A campaign is one YAML file: a model, a site (local, ...), and stages that must pass in
-    order (smoke test, ...). Start with `campaign submit examples/local.yaml`, then
-    `campaign status`.
+    A campaign is one YAML file: a model, a site (local, aurora, polaris, slurm) and stages
+    that must pass in order (smoke, loss_check, scaling, long_run, resume_test). A stalled or
+    crashed run is detected, its bad node excluded, and the run relaunched from its last
+    complete checkpoint. Start with `campaign submit examples/local.yaml`, then `campaign
+    status local-demo`; `campaign validate FILE` lists every field a file may set.
+
+    Exit codes: 0 success, 1 a stage failed, 2 bad input or usage, 130 cancelled.
     """
 
 
