@@ -2,7 +2,7 @@
 
 A stage module in `stages/` defines one pydantic spec class (a subclass of `StageSpec`
 with a literal `kind`), a pure `judge(...) -> Verdict`, and `run(ctx, stage) -> Verdict`,
-which asks the engine's `StageContext` for attempts and judges their results. Stage
+which asks the `StageContext` (campaign.attempt) for attempts and judges their results. Stage
 modules import only pydantic and the standard library at import time, so validating a
 spec never imports torch or parsl.
 """

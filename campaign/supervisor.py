@@ -10,11 +10,11 @@ the trainer with the site's launcher, and watches it:
   (exit 124, class `stalled`);
 - when one rank fails, the others get `FAILED_RANK_GRACE_S` to notice before the job is
   stopped; the first failure is the evidence;
-- a `STOP` file in the run directory (written by `campaign cancel`, or by an orchestrator
+- a `STOP` file in the run directory (written by `campaign cancel`, or by a driver
   that recovers from a crash) stops the job (class `cancelled`).
 
 It returns a plain dict (`AttemptReport`) that survives Parsl's serialization, and never
-touches the ledger: the orchestrator ingests `metrics.jsonl` and the report.
+touches the ledger: the driver ingests `metrics.jsonl` and the report.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from campaign import exits, report, watchdog
+from campaign.attempt import AttemptRequest
 
 POLL_S = 0.25
 """How often the supervisor looks at the job; cheap (a few small reads)."""
@@ -43,7 +43,7 @@ TERM_GRACE_S = 5.0
 STOP_FILE = "STOP"
 """Written into the run directory to ask the supervisor to stop the job (cancel)."""
 PIDS_FILE = "pids.json"
-"""Host and process groups of the job, so a recovering orchestrator can kill orphans."""
+"""Host and process groups of the job, so a recovering driver can kill orphans."""
 
 
 @dataclass
@@ -62,6 +62,7 @@ class AttemptReport:
     suspects: list[dict[str, Any]] = field(default_factory=list)
     last_step: int | None = None
     launch_command: list[str] = field(default_factory=list)
+    launch_text: str | None = None
     error: str | None = None
     detected_after_s: float | None = None
     stragglers: list[dict[str, Any]] = field(default_factory=list)
@@ -117,15 +118,15 @@ class _Job:
         self.poll(now())
 
 
-def supervise(request: dict[str, Any]) -> dict[str, Any]:
-    """Run one attempt described by `request` (see `engine.Engine.attempt_request`)."""
-    run_dir = Path(request["run_dir"])
+def supervise(request: AttemptRequest) -> dict[str, Any]:
+    """Run one attempt described by `request` (`campaign.attempt.build_request`)."""
+    run_dir = Path(request.run_dir)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     start = time.time()
-    allocation = list(request.get("allocation") or block_nodes())
-    excluded = set(request.get("exclude", []))
+    allocation = list(request.allocation or block_nodes())
+    excluded = set(request.exclude)
     usable = [h for h in allocation if h not in excluded]
-    n = int(request["nodes"])
+    n = request.nodes
     if len(usable) < n:
         msg = (f"the stage asks for {n} active node(s), but the block has {len(usable)} usable of {len(allocation)} "
                f"({len(allocation) - len(usable)} excluded); ask for fewer nodes, more spares, or lift exclusions "
@@ -135,7 +136,7 @@ def supervise(request: dict[str, Any]) -> dict[str, Any]:
         return _finish(run_dir, out)
     hosts, spares = usable[:n], usable[n:]
     _prepare(request, run_dir, hosts)
-    job, command = _start(request, run_dir, hosts)
+    job, command, text = _start(request, hosts)
     verdict = _watch(job, request, hosts, start)
     failure = job.first_failure()
     if failure is not None and failure[0] == -1:  # one launcher process: its log names the rank
@@ -145,15 +146,15 @@ def supervise(request: dict[str, Any]) -> dict[str, Any]:
         code = {"done": exits.OK, "deadline": exits.SIGTERM, "nonfinite_loss": exits.NONFINITE}.get(
             verdict.final_event or "", exits.STALLED)
     metrics, _ = report.read_metrics(run_dir)
-    policy = watchdog.WatchdogPolicy.model_validate(request.get("watchdog") or {})
+    policy = request.watchdog
     beats = report.read_heartbeats(run_dir)
     for node in hosts:  # what a killed job left on node-local storage (this host's nodes only)
-        report.remove_node_local(run_dir, node, str(request["env"].get("CAMPAIGN_ATTEMPT", "0")))
+        report.remove_node_local(run_dir, node, str(request.attempt))
     # A rank that failed by itself is evidence; ranks the supervisor stopped are not.
     suspects = verdict.suspects if verdict.killed_by else _crash_suspects(failure, code)
     if verdict.killed_by == "stalled" and not suspects and len(hosts) > 1 and policy.drill_s > 0:
         suspects = [{"node": n, "reason": "hung in a collective drill when bisecting the allocation",
-                     "evidence": {"drills": drills}} for n, drills in _bisect(request, run_dir, hosts, policy)]
+                     "evidence": {"drills": drills}} for n, drills in _bisect(request, hosts, policy)]
     if verdict.killed_by in ("stop", "interrupt"):
         exit_class = "cancelled"
     else:
@@ -164,6 +165,7 @@ def supervise(request: dict[str, Any]) -> dict[str, Any]:
         first_failure=None if failure is None else {"rank": failure[0], "exit_code": failure[1], "node": failure[2],
                                                       "after_s": round(failure[3] - start, 3)},
         suspects=suspects, last_step=metrics[-1]["step"] if metrics else None, launch_command=command,
+        launch_text=text,
         detected_after_s=verdict.detected_after_s, stragglers=watchdog.stragglers(beats, policy.straggler_ratio),
     )
     return _finish(run_dir, out)
@@ -189,14 +191,14 @@ def block_nodes() -> list[str]:
     return [socket.gethostname()]
 
 
-def _prepare(request: dict[str, Any], run_dir: Path, hosts: list[str]) -> None:
+def _prepare(request: AttemptRequest, run_dir: Path, hosts: list[str]) -> None:
     """Hostfile of the active nodes; the block's deadline into the trainer's config."""
-    Path(request["hostfile"]).write_text("".join(f"{h}\n" for h in hosts))
-    walltime = request.get("block_walltime_s")
+    request.hostfile.write_text("".join(f"{h}\n" for h in hosts))
+    walltime = request.block_walltime_s
     if walltime:
-        config_path = Path(request["config_path"])
+        config_path = request.config_path
         cfg = json.loads(config_path.read_text())
-        started = time.time() if request.get("deadline_from") == "attempt" else _block_started()
+        started = time.time() if request.deadline_from == "attempt" else _block_started()
         cfg["run"]["deadline_unix"] = started + float(walltime)
         report.write_json_atomic(config_path, cfg)
 
@@ -211,23 +213,16 @@ def _block_started() -> float:
         return time.time()
 
 
-def _start(request: dict[str, Any], run_dir: Path, hosts: list[str]) -> tuple[_Job, list[str]]:
+def _start(request: AttemptRequest, hosts: list[str]) -> tuple[_Job, list[str], str]:
+    """Start the job: the request's launch plan on `hosts`, with its launcher. Returns the
+    job, the command (argv; `(local)` + argv for per-rank processes) and its text as the
+    dry run renders it."""
     from campaign.executors import launchers
 
-    # "{python}" is the interpreter running this supervisor, i.e. the worker's environment.
-    argv = tuple(sys.executable if a == "{python}" else a for a in request["argv"])
-    extra = request.get("launch", {})
-    plan = launchers.LaunchPlan(
-        hosts=tuple(hosts), ranks_per_node=int(request["ranks_per_node"]), argv=argv,
-        env=tuple(sorted(request.get("env", {}).items())), hostfile=request.get("hostfile"),
-        master_port=request.get("master_port"),
-        # Only srun takes an exclusion list (the scheduler enforces it); other launchers get explicit hosts.
-        exclude=tuple(sorted(set(request.get("exclude", [])) - set(hosts))) if request["launcher"] == "srun" else (),
-        cpu_bind=extra.get("cpu_bind"), gpu_bind=extra.get("gpu_bind"), depth=extra.get("depth"),
-        wrapper=tuple(extra.get("wrapper", ())),
-    )
+    run_dir = Path(request.run_dir)
+    plan = request.launch_plan(hosts)
     base_env = {**os.environ, **dict(plan.env)}
-    if request["launcher"] == "local":
+    if request.launcher == "local":
         procs = []
         for rank, (rank_argv, env) in enumerate(launchers.local_rank_processes(plan)):
             with open(run_dir / "logs" / f"rank-{rank}.log", "wb") as log:
@@ -236,15 +231,15 @@ def _start(request: dict[str, Any], run_dir: Path, hosts: list[str]) -> tuple[_J
             procs.append((rank, env.get("CAMPAIGN_NODE", ""), p))
         command = ["(local)", *plan.argv]
     else:
-        command = launchers.build_command(request["launcher"], plan)
+        command = launchers.build_command(request.launcher, plan)
         with open(run_dir / "logs" / "launcher.log", "wb") as log:
             p = subprocess.Popen(command, env=base_env, stdout=log, stderr=subprocess.STDOUT, cwd=run_dir,
                                  start_new_session=True)
         procs = [(-1, "", p)]
     block_job = os.environ.get("PBS_JOBID") or os.environ.get("SLURM_JOB_ID")
     report.write_json_atomic(run_dir / PIDS_FILE, {"host": socket.gethostname(), "pgids": [p.pid for _, _, p in procs],
-                                                   "launcher": request["launcher"], "block_job_id": block_job})
-    return _Job(procs), command
+                                                   "launcher": request.launcher, "block_job_id": block_job})
+    return _Job(procs), command, launchers.render(request.launcher, plan)
 
 
 @dataclass
@@ -256,26 +251,26 @@ class _Verdict:
     detected_after_s: float | None = None
 
 
-def _watch(job: _Job, request: dict[str, Any], hosts: list[str], start: float) -> _Verdict:
+def _watch(job: _Job, request: AttemptRequest, hosts: list[str], start: float) -> _Verdict:
     """Wait for the job; stop it on a stall, a failed rank, the hard timeout, STOP or an interrupt."""
-    run_dir = Path(request["run_dir"])
-    policy = watchdog.WatchdogPolicy.model_validate(request.get("watchdog") or {})
+    run_dir = Path(request.run_dir)
+    policy = request.watchdog
     watch = watchdog.Watch(started=start)
-    interrupt = request.get("interrupt")
-    timeout = float(request["timeout_s"])
+    interrupt = request.interrupt
+    timeout = request.timeout_s
     offsets = {"metrics": 0, "events": 0}
     while True:
         now = time.time()
         job.poll(now)
         if job.done:
-            return _Verdict(killed_by="interrupt" if interrupt and watch.last_step >= int(interrupt["after_step"])
+            return _Verdict(killed_by="interrupt" if interrupt and watch.last_step >= interrupt.after_step
                             else None)
         _observe(run_dir, watch, offsets, now)
         if (run_dir / STOP_FILE).exists():
             job.stop(time.time)
             return _Verdict(killed_by="stop")
-        if interrupt and watch.last_step >= int(interrupt["after_step"]):
-            job.signal(getattr(signal, interrupt.get("signal", "SIGKILL")))
+        if interrupt and watch.last_step >= interrupt.after_step:
+            job.signal(getattr(signal, interrupt.signal))
             _wait(job, timeout=30.0)
             return _Verdict(killed_by="interrupt")
         failure = job.first_failure()
@@ -317,7 +312,7 @@ def _wait(job: _Job, timeout: float) -> None:
         job.stop(time.time)
 
 
-def _bisect(request: dict[str, Any], run_dir: Path, hosts: list[str], policy: watchdog.WatchdogPolicy,
+def _bisect(request: AttemptRequest, hosts: list[str], policy: watchdog.WatchdogPolicy,
             log: list[dict[str, Any]] | None = None) -> list[tuple[str, list[dict[str, Any]]]]:
     """Nodes whose subset hangs a short collective drill, found by halving (instead of blind
     rotation). A single-rank subset tests the node's own stack, not its network."""
@@ -326,26 +321,22 @@ def _bisect(request: dict[str, Any], run_dir: Path, hosts: list[str], policy: wa
         return []
     half = len(hosts) // 2
     parts = [hosts[:half], hosts[half:]]
-    results = [_drill(request, run_dir, part, policy) for part in parts]
+    results = [_drill(request, part, policy) for part in parts]
     log.extend({"nodes": part, "ok": ok} for part, ok in zip(parts, results))
     bad: list[tuple[str, list[dict[str, Any]]]] = []
     for part, ok in zip(parts, results):
         if not ok:
-            bad += [(part[0], list(log))] if len(part) == 1 else _bisect(request, run_dir, part, policy, log)
+            bad += [(part[0], list(log))] if len(part) == 1 else _bisect(request, part, policy, log)
     return bad
 
 
-def _drill(request: dict[str, Any], run_dir: Path, hosts: list[str], policy: watchdog.WatchdogPolicy) -> bool:
-    """Run `campaign.train.drill` on `hosts` with the attempt's launcher; True if it passed in time."""
-    drill_dir = run_dir / "drills" / "-".join(hosts)
+def _drill(request: AttemptRequest, hosts: list[str], policy: watchdog.WatchdogPolicy) -> bool:
+    """Run `campaign.train.drill` on `hosts` with the attempt's launch plan; True if it passed in time."""
+    drill_dir = Path(request.run_dir) / "drills" / "-".join(hosts)
     (drill_dir / "logs").mkdir(parents=True, exist_ok=True)
-    hostfile = drill_dir / "hostfile"
-    hostfile.write_text("".join(f"{h}\n" for h in hosts))
-    env = {**request.get("env", {}), "CAMPAIGN_RUN_DIR": str(drill_dir), "CAMPAIGN_HOSTFILE": str(hostfile)}
-    sub = {**request, "run_dir": str(drill_dir), "hostfile": str(hostfile), "env": env,
-           "argv": ["{python}", "-m", "campaign.train.drill", "--config", request["config_path"]],
-           "master_port": free_port()}
-    job, _ = _start(sub, drill_dir, hosts)
+    sub = request.for_drill(drill_dir, free_port())
+    sub.hostfile.write_text("".join(f"{h}\n" for h in hosts))
+    job, _, _ = _start(sub, hosts)
     end = time.time() + policy.drill_s
     while not job.done and time.time() < end:
         time.sleep(0.2)

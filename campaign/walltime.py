@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from campaign.executors.batch import BatchSite
 from campaign.spec import CampaignSpec
 from campaign.stagebase import StageSpec
 
@@ -44,10 +45,10 @@ def estimate(stage: StageSpec, tokens_per_s: float | None) -> Estimate:
 def warnings(spec: CampaignSpec, tokens_per_s: float | None = None) -> list[str]:
     """What cannot finish within the block's walltime (nothing for sites without one)."""
     site = spec.site
-    if not isinstance(getattr(site, "walltime", None), str):
+    if not isinstance(site, BatchSite):  # the local site's simulated walltime is per attempt
         return []
     wall = float(site.walltime_s)
-    rate = tokens_per_s or getattr(site, "expected_tokens_per_s", None)
+    rate = tokens_per_s or site.expected_tokens_per_s
     out, total = [], 0.0
     for stage in spec.stages:
         if stage.kind == "long_run" and not (getattr(stage, "tokens", None) and rate):

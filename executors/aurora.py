@@ -22,43 +22,43 @@ MPICH `mpiexec -launcher fork` starts every rank locally under the node names of
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from campaign.executors import pbs
-from campaign.executors.launchers import AURORA_CPU_BIND, AURORA_GPU_BIND, AURORA_RANKS_PER_NODE
+from campaign.executors.base import LaunchOptions
 
-if TYPE_CHECKING:
-    pass
-
-CPUS_PER_NODE = 208
-"""Logical CPUs of an Aurora node (2 x 52 cores x 2 hyperthreads): PBS `ncpus`."""
+# https://docs.alcf.anl.gov/aurora/running-jobs-aurora/ ("Binding MPI ranks and threads
+# to cores", Example 4): 12 ranks x 8 cores, 6 per socket, cores 0 and 52 left free.
+RANKS_PER_NODE = 12
+CPU_BIND = "list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100"
+# Same page, "Binding MPI ranks to GPUs using --gpu-bind": one rank per tile. The page
+# warns it fails for implicit (whole-GPU) lists and with ZE_FLAT_DEVICE_HIERARCHY=FLAT
+# (the frameworks module); there leave gpu_bind None and pick xpu:LOCAL_RANK in the trainer.
+GPU_BIND = "list:0.0:0.1:1.0:1.1:2.0:2.1:3.0:3.1:4.0:4.1:5.0:5.1"
 
 
 class AuroraSite(pbs.PBSSite):
     """ALCF Aurora: PBS Pro blocks, PALS mpiexec, one rank per GPU tile."""
 
+    CPUS_PER_NODE: ClassVar[int] = 208
+    """Logical CPUs of an Aurora node (2 x 52 cores x 2 hyperthreads): PBS `ncpus`."""
+    DRY_RUN_JOB_ID: ClassVar[str] = "DRYRUN.aurora-pbs-0001.hostmgmt.cm.aurora.alcf.anl.gov"
+
     kind: Literal["aurora"] = "aurora"
     """Site kind."""
     filesystems: str = "home:flare"
     """Filesystems the job needs (-l filesystems=); add daos_user for DAOS."""
-    ranks_per_node: int = Field(default=AURORA_RANKS_PER_NODE, ge=1, le=208)
+    ranks_per_node: int = Field(default=RANKS_PER_NODE, ge=1, le=208)
     """Ranks per node (12: one per GPU tile)."""
-    cpu_bind: str | None = AURORA_CPU_BIND
+    cpu_bind: str | None = CPU_BIND
     """PALS --cpu-bind value (default: 8 cores per rank, cores 0 and 52 left to the OS)."""
-    gpu_bind: str | None = AURORA_GPU_BIND
+    gpu_bind: str | None = GPU_BIND
     """PALS --gpu-bind value (default: rank i on tile i//2.i%2); null to leave binding to the trainer."""
 
-    def launch_options(self) -> dict[str, Any]:
-        """The supervisor's `request["launch"]`: binding and extra environment."""
+    def launch_options(self) -> LaunchOptions:
+        """CPU and GPU binding, and extra environment."""
         if self.launcher == "mpich":  # every rank runs here: no binding, loopback rendezvous
-            return {"env": {"MASTER_ADDR": "127.0.0.1", **self.env}}
-        return {"cpu_bind": self.cpu_bind, "gpu_bind": self.gpu_bind, "env": dict(self.env)}
-
-
-_pbs = pbs.functions(CPUS_PER_NODE, "", "DRYRUN.aurora-pbs-0001.hostmgmt.cm.aurora.alcf.anl.gov")
-provider = _pbs["provider"]
-parsl_config = _pbs["parsl_config"]
-cancel_jobs = _pbs["cancel_jobs"]
-dry_run = _pbs["dry_run"]
+            return LaunchOptions(env={"MASTER_ADDR": "127.0.0.1", **self.env})
+        return LaunchOptions(env=dict(self.env), cpu_bind=self.cpu_bind, gpu_bind=self.gpu_bind)

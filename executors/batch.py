@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import string
+from abc import abstractmethod
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -23,15 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 
-from campaign.stagebase import StrictModel
+from campaign.executors.base import LABEL, Site
 
 if TYPE_CHECKING:
     from parsl.config import Config
     from parsl.executors import HighThroughputExecutor
     from parsl.providers.base import ExecutionProvider
 
-LABEL = "campaign"
-"""The executor label the engine's supervisor app runs on."""
 IDLE_BLOCK_S = 300.0
 """An idle block (no attempt running) is released after this long."""
 _WALLTIME = re.compile(r"^(\d{1,3}):([0-5]\d):([0-5]\d)$")
@@ -46,8 +45,9 @@ def walltime_seconds(text: str) -> int:
     return h * 3600 + mi * 60 + s
 
 
-class BatchSite(StrictModel):
-    """Fields every batch site has; a site module subclasses it with its `kind` and defaults."""
+class BatchSite(Site):
+    """Fields every batch site has; a site module subclasses it with its `kind`, defaults and
+    `provider()`; `parsl_config`, `cancel_jobs` and `dry_run` follow from the provider."""
 
     nodes: int = Field(default=2, ge=1, le=20000)
     """Active nodes a stage may use (the default node count of every stage)."""
@@ -80,17 +80,39 @@ class BatchSite(StrictModel):
         """The block's walltime in seconds: the trainer's deadline."""
         return walltime_seconds(self.walltime)
 
+    def block_walltime_s(self) -> float | None:
+        return float(self.walltime_s)
+
     @property
     def block_nodes(self) -> int:
+        """Nodes of one block: the active nodes and the spares."""
         return self.nodes + self.spares
 
-    def node_names(self) -> None:
-        """None: the supervisor reads the block's node list from the scheduler."""
-        return None
+    @abstractmethod
+    def provider(self, cls: type | None = None) -> ExecutionProvider:
+        """The site's Parsl provider (`cls`: a subclass of its class, for the dry run)."""
 
-    def example_nodes(self, n: int) -> list[str]:
-        """Placeholder node names for a dry run (the real ones are known only in the job)."""
-        return [f"node{i:03d}" for i in range(1, n + 1)]
+    @property
+    @abstractmethod
+    def dry_run_job_output(self) -> str:
+        """What the scheduler's submit command prints, for the dry run's captured submit."""
+
+    def parsl_config(self, run_dir: Path) -> Config:
+        """A fresh Config: one block of nodes + spares, one worker on its head node."""
+        return parsl_config(self, self.provider(), run_dir)
+
+    def cancel_jobs(self, job_ids: list[str]) -> list[bool]:
+        """qdel/scancel the jobs through the provider."""
+        return cancel_jobs(self.provider(), job_ids)
+
+    def dry_run(self, script_dir: Path) -> tuple[str, list[str]] | None:
+        """(batch script, submit command) of the first block; nothing is submitted or written."""
+        return dry_run_block(self.provider, type(self.provider()), self, script_dir, self.dry_run_job_output)
+
+    def renewed(self, excluded: list[str]) -> Site | None:
+        """A block with as many more spares as nodes were excluded (the scheduler may hand
+        back an excluded node; the supervisor skips it). Slurm does better: `--exclude`."""
+        return self.model_copy(update={"spares": self.spares + len(excluded)})
 
 
 def full_worker_init(site: BatchSite) -> str:

@@ -9,16 +9,9 @@ the exact command before spending an allocation (``campaign submit --dry-run``, 
 :func:`render`).
 
 Binding strings are passed through in the launcher's own syntax (PALS ``--cpu-bind``,
-Hydra ``-bind-to``, Slurm ``--cpu-bind``). Site presets verified against the ALCF docs:
-
-* Aurora (https://docs.alcf.anl.gov/aurora/running-jobs-aurora/): 12 ranks/node,
-  :data:`AURORA_CPU_BIND` leaves cores 0 and 52 (reserved for the OS) free;
-  :data:`AURORA_GPU_BIND` binds rank ``i`` of a node to tile ``i//2 . i%2`` without the
-  ``gpu_tile_compact.sh`` wrapper.
-* Polaris (https://docs.alcf.anl.gov/polaris/running-jobs/ and
-  https://docs.alcf.anl.gov/polaris/running-jobs/using-gpus/): 4 ranks/node,
-  ``--depth=8 --cpu-bind=depth``; PALS cannot bind GPUs there, so
-  :data:`POLARIS_GPU_WRAPPER` is the documented ``set_affinity_gpu_polaris.sh`` inlined.
+Hydra ``-bind-to``, Slurm ``--cpu-bind``). Site presets (Aurora's CPU and GPU binding,
+Polaris' GPU affinity wrapper) live with their site: ``executors/aurora.py``,
+``executors/polaris.py``, each with the ALCF page it follows.
 
 NVIDIA-only settings (e.g. :data:`NVIDIA_NO_MULTICAST_ENV`) are not added implicitly:
 the caller puts them into ``LaunchPlan.env``.
@@ -35,17 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "AURORA_CPU_BIND",
-    "AURORA_GPU_BIND",
-    "AURORA_RANKS_PER_NODE",
     "DEFAULT_MASTER_PORT",
     "KNOWN_LAUNCHERS",
     "LaunchPlan",
     "NVIDIA_NO_MULTICAST_ENV",
-    "POLARIS_CPU_BIND",
-    "POLARIS_DEPTH",
-    "POLARIS_GPU_WRAPPER",
-    "POLARIS_RANKS_PER_NODE",
     "build_command",
     "local_rank_processes",
     "render",
@@ -54,28 +40,6 @@ __all__ = [
 
 KNOWN_LAUNCHERS: tuple[str, ...] = ("local", "mpich", "pals", "srun", "torchrun")
 DEFAULT_MASTER_PORT = 29500  # torch.distributed's default
-
-# https://docs.alcf.anl.gov/aurora/running-jobs-aurora/ ("Binding MPI ranks and threads
-# to cores", Example 4): 12 ranks x 8 cores, 6 per socket, cores 0 and 52 left free.
-AURORA_RANKS_PER_NODE = 12
-AURORA_CPU_BIND = "list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100"
-# Same page, "Binding MPI ranks to GPUs using --gpu-bind": one rank per tile. The page
-# warns it fails for implicit (whole-GPU) lists and with ZE_FLAT_DEVICE_HIERARCHY=FLAT
-# (the frameworks module); there leave gpu_bind None and pick xpu:LOCAL_RANK in the trainer.
-AURORA_GPU_BIND = "list:0.0:0.1:1.0:1.1:2.0:2.1:3.0:3.1:4.0:4.1:5.0:5.1"
-
-# https://docs.alcf.anl.gov/polaris/running-jobs/using-gpus/ : 4 A100s per node, ranks
-# spread with --depth=8 --cpu-bind depth; GPUs assigned in reverse order (topology) by
-# set_affinity_gpu_polaris.sh. Inlined here so no script file has to exist on the nodes.
-POLARIS_RANKS_PER_NODE = 4
-POLARIS_DEPTH = 8
-POLARIS_CPU_BIND = "depth"
-POLARIS_GPU_WRAPPER: tuple[str, ...] = (
-    "bash",
-    "-c",
-    'export CUDA_VISIBLE_DEVICES=$((3 - PMI_LOCAL_RANK % 4)); exec "$@"',
-    "set_affinity_gpu_polaris",
-)
 
 # For single-host NVIDIA machines without NVLink multicast; the caller adds these to env.
 NVIDIA_NO_MULTICAST_ENV: tuple[tuple[str, str], ...] = (
@@ -98,7 +62,7 @@ class LaunchPlan:
     mapping is accepted too). ``hostfile`` is a file listing ``hosts``, one per line,
     written by the caller (only PALS reads it; the other launchers take ``hosts``).
     ``exclude`` names nodes Slurm must avoid; ``wrapper`` is an argv prefix placed
-    before ``argv`` on every rank (e.g. :data:`POLARIS_GPU_WRAPPER`).
+    before ``argv`` on every rank (e.g. Polaris' ``GPU_WRAPPER``).
     """
 
     hosts: tuple[str, ...]

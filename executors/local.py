@@ -17,19 +17,17 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from campaign.stagebase import StrictModel
+from campaign.executors.base import LABEL, LaunchOptions, Site
 
 if TYPE_CHECKING:
     from parsl.config import Config
 
-LABEL = "campaign"
 
-
-class LocalSite(StrictModel):
+class LocalSite(Site):
     """Run on this machine; nodes are simulated as named groups of ranks."""
 
     kind: Literal["local"] = "local"
@@ -53,22 +51,28 @@ class LocalSite(StrictModel):
     def node_names(self) -> list[str]:
         return [f"{self.node_prefix}{i}" for i in range(self.nodes)]
 
-    def launch_options(self) -> dict[str, Any]:
+    def launch_options(self) -> LaunchOptions:
         """Every rank gets an equal share of this machine's cores, as ranks on separate nodes
         would: without it each rank's intra-op pool takes every core and they thrash."""
         share = max(1, (os.cpu_count() or 1) // (self.nodes * self.ranks_per_node))
-        options: dict[str, Any] = {"env": {"OMP_NUM_THREADS": str(share)}}
-        if self.bind_gpus:
-            options["wrapper"] = gpu_wrapper(self.node_prefix, self.ranks_per_node)
-        return options
+        wrapper = gpu_wrapper(self.node_prefix, self.ranks_per_node) if self.bind_gpus else ()
+        return LaunchOptions(env={"OMP_NUM_THREADS": str(share)}, wrapper=wrapper)
+
+    def block_walltime_s(self) -> float | None:
+        return self.walltime_s
 
     @property
-    def deadline_from(self) -> str:
+    def deadline_from(self) -> Literal["block", "attempt"]:
+        """The simulated walltime counts from each attempt's start (there is no real block)."""
         return "attempt"
 
     @property
     def launcher(self) -> str:
         return "local"
+
+    def parsl_config(self, run_dir: Path) -> Config:
+        """A fresh Parsl Config: a LocalProvider block of one worker running the supervisor app."""
+        return _parsl_config(run_dir)
 
 
 def gpu_wrapper(prefix: str, ranks_per_node: int) -> tuple[str, ...]:
@@ -93,8 +97,7 @@ def parsl_scripts_dir() -> Path:
     return Path(found).parent if found else bindir
 
 
-def parsl_config(site: LocalSite, run_dir: Path) -> Config:
-    """A fresh Parsl Config for one stage (Parsl configs must not be reused across loads)."""
+def _parsl_config(run_dir: Path) -> Config:
     from parsl.config import Config
     from parsl.executors import HighThroughputExecutor
     from parsl.launchers import SimpleLauncher

@@ -1,26 +1,27 @@
-"""What the PBS Pro sites (`aurora`, `polaris`) share: the job's directives, the Parsl
-`PBSProProvider`, and the module functions each site exposes. A PBS site module defines its
-options model (a `PBSSite` with `kind`, defaults and `launch_options()`), `CPUS_PER_NODE`,
-`SELECT_OPTIONS` and `DRY_RUN_JOB_ID`, then binds these functions with `functions(...)`.
+"""What the PBS Pro sites (`aurora`, `polaris`) share: the job's directives and the Parsl
+`PBSProProvider`. A PBS site module subclasses `PBSSite` with its `kind`, defaults,
+`launch_options()` and three class constants: `CPUS_PER_NODE` (PBS `ncpus`),
+`SELECT_OPTIONS` (extra `select` resources such as `ngpus=4`) and `DRY_RUN_JOB_ID`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
 from campaign.executors import batch
 
 if TYPE_CHECKING:
-    from parsl.config import Config
     from parsl.providers import PBSProProvider
 
 
 class PBSSite(batch.BatchSite):
     """Fields every PBS Pro site has."""
+
+    CPUS_PER_NODE: ClassVar[int]
+    SELECT_OPTIONS: ClassVar[str] = ""
+    DRY_RUN_JOB_ID: ClassVar[str]
 
     account: str = Field(min_length=1)
     """ALCF project charged for the blocks (qsub -A)."""
@@ -33,42 +34,20 @@ class PBSSite(batch.BatchSite):
     launcher: Literal["pals", "mpich"] = "pals"
     """`pals` on the machine; `mpich` (mpiexec -launcher fork) is the single-machine test stand-in."""
 
+    def provider(self, cls: type | None = None) -> PBSProProvider:
+        """The site's PBSProProvider (`cls`: a subclass, for the dry run)."""
+        from parsl.providers import PBSProProvider
+
+        return (cls or PBSProProvider)(account=self.account, queue=self.queue, cpus_per_node=self.CPUS_PER_NODE,
+                                       select_options=self.SELECT_OPTIONS, scheduler_options=directives(self),
+                                       **batch.provider_kwargs(self))
+
+    @property
+    def dry_run_job_output(self) -> str:
+        return self.DRY_RUN_JOB_ID
+
 
 def directives(site: PBSSite) -> str:
     """The `#PBS` lines of a block: filesystems, placement, keep output, the user's extras."""
     lines = [f"#PBS -l filesystems={site.filesystems}", f"#PBS -l place={site.place}", "#PBS -k doe"]
     return "\n".join(lines + ([site.scheduler_options.strip()] if site.scheduler_options.strip() else []))
-
-
-def provider(site: PBSSite, *, cpus_per_node: int, select_options: str = "", cls: type | None = None
-             ) -> PBSProProvider:
-    """The site's PBSProProvider (`cls`: a subclass, for the dry run)."""
-    from parsl.providers import PBSProProvider
-
-    return (cls or PBSProProvider)(account=site.account, queue=site.queue, cpus_per_node=cpus_per_node,
-                                   select_options=select_options, scheduler_options=directives(site),
-                                   **batch.provider_kwargs(site))
-
-
-def functions(cpus_per_node: int, select_options: str, dry_run_job_id: str) -> dict[str, Callable[..., Any]]:
-    """`provider`, `parsl_config`, `cancel_jobs` and `dry_run` for one PBS site module."""
-
-    def site_provider(site: PBSSite, cls: type | None = None) -> PBSProProvider:
-        return provider(site, cpus_per_node=cpus_per_node, select_options=select_options, cls=cls)
-
-    def parsl_config(site: PBSSite, run_dir: Path) -> Config:
-        """A fresh Parsl Config: one PBS Pro block of nodes + spares, one worker on its head node."""
-        return batch.parsl_config(site, site_provider(site), run_dir)
-
-    def cancel_jobs(site: PBSSite, job_ids: list[str]) -> list[bool]:
-        """qdel the jobs through the provider."""
-        return batch.cancel_jobs(site_provider(site), job_ids)
-
-    def dry_run(site: PBSSite, script_dir: Path) -> tuple[str, list[str]]:
-        """(PBS script, qsub command) of the first block; nothing is submitted or written."""
-        from parsl.providers import PBSProProvider
-
-        return batch.dry_run_block(lambda cls: site_provider(site, cls), PBSProProvider, site, script_dir,
-                                   dry_run_job_id)
-
-    return {"provider": site_provider, "parsl_config": parsl_config, "cancel_jobs": cancel_jobs, "dry_run": dry_run}

@@ -17,51 +17,51 @@ off for NCCL/NVSHMEM/torch symmetric memory (`NCCL_NVLS_ENABLE=0`, ...).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from campaign.executors import pbs
-from campaign.executors.launchers import (
-    NVIDIA_NO_MULTICAST_ENV,
-    POLARIS_CPU_BIND,
-    POLARIS_DEPTH,
-    POLARIS_GPU_WRAPPER,
-    POLARIS_RANKS_PER_NODE,
+from campaign.executors.base import LaunchOptions
+from campaign.executors.launchers import NVIDIA_NO_MULTICAST_ENV
+
+# https://docs.alcf.anl.gov/polaris/running-jobs/using-gpus/ : 4 A100s per node, ranks
+# spread with --depth=8 --cpu-bind depth; GPUs assigned in reverse order (topology) by
+# set_affinity_gpu_polaris.sh. Inlined here so no script file has to exist on the nodes.
+RANKS_PER_NODE = 4
+DEPTH = 8
+CPU_BIND = "depth"
+GPU_WRAPPER: tuple[str, ...] = (
+    "bash",
+    "-c",
+    'export CUDA_VISIBLE_DEVICES=$((3 - PMI_LOCAL_RANK % 4)); exec "$@"',
+    "set_affinity_gpu_polaris",
 )
-
-if TYPE_CHECKING:
-    pass
-
-CPUS_PER_NODE = 64
-"""Logical CPUs of a Polaris node (32 cores x 2 hyperthreads): PBS `ncpus`."""
 
 
 class PolarisSite(pbs.PBSSite):
     """ALCF Polaris: PBS Pro blocks, PALS mpiexec, one rank per A100."""
 
+    CPUS_PER_NODE: ClassVar[int] = 64
+    """Logical CPUs of a Polaris node (32 cores x 2 hyperthreads): PBS `ncpus`."""
+    SELECT_OPTIONS: ClassVar[str] = "ngpus=4"
+    DRY_RUN_JOB_ID: ClassVar[str] = "DRYRUN.polaris-pbs-01.hsn.cm.polaris.alcf.anl.gov"
+
     kind: Literal["polaris"] = "polaris"
     """Site kind."""
     filesystems: str = "home:eagle"
     """Filesystems the job needs (-l filesystems=)."""
-    ranks_per_node: int = Field(default=POLARIS_RANKS_PER_NODE, ge=1, le=64)
+    ranks_per_node: int = Field(default=RANKS_PER_NODE, ge=1, le=64)
     """Ranks per node (4: one per GPU)."""
-    depth: int = Field(default=POLARIS_DEPTH, ge=1, le=64)
+    depth: int = Field(default=DEPTH, ge=1, le=64)
     """Logical CPUs per rank (PALS --depth), with --cpu-bind=depth."""
     gpu_affinity: bool = True
     """Give rank i of a node GPU 3 - i % 4 (the inlined set_affinity_gpu_polaris.sh)."""
 
-    def launch_options(self) -> dict[str, Any]:
-        """The supervisor's `request["launch"]`: binding, GPU wrapper, NVIDIA environment."""
+    def launch_options(self) -> LaunchOptions:
+        """CPU binding, the GPU affinity wrapper, and the NVIDIA environment."""
         env = {**dict(NVIDIA_NO_MULTICAST_ENV), **self.env}
         if self.launcher == "mpich":
-            return {"env": {"MASTER_ADDR": "127.0.0.1", **env}}
-        wrapper = list(POLARIS_GPU_WRAPPER) if self.gpu_affinity else []
-        return {"cpu_bind": POLARIS_CPU_BIND, "depth": self.depth, "wrapper": wrapper, "env": env}
-
-
-_pbs = pbs.functions(CPUS_PER_NODE, "ngpus=4", "DRYRUN.polaris-pbs-01.hsn.cm.polaris.alcf.anl.gov")
-provider = _pbs["provider"]
-parsl_config = _pbs["parsl_config"]
-cancel_jobs = _pbs["cancel_jobs"]
-dry_run = _pbs["dry_run"]
+            return LaunchOptions(env={"MASTER_ADDR": "127.0.0.1", **env})
+        wrapper = GPU_WRAPPER if self.gpu_affinity else ()
+        return LaunchOptions(env=env, cpu_bind=CPU_BIND, depth=self.depth, wrapper=wrapper)

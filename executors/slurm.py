@@ -17,15 +17,14 @@ rank can land on a node the ledger excludes, and each rank knows its node from
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from campaign.executors import batch
+from campaign.executors.base import LaunchOptions
 
 if TYPE_CHECKING:
-    from parsl.config import Config
     from parsl.providers import SlurmProvider
 
 
@@ -57,41 +56,25 @@ class SlurmSite(batch.BatchSite):
     def launcher(self) -> str:
         return "srun"
 
-    def launch_options(self) -> dict[str, Any]:
-        """The supervisor's `request["launch"]`: srun binding and extra environment."""
-        return {"cpu_bind": self.cpu_bind, "gpu_bind": self.gpu_bind, "depth": self.cpus_per_task,
-                "env": dict(self.env)}
+    def launch_options(self) -> LaunchOptions:
+        """srun binding and extra environment."""
+        return LaunchOptions(env=dict(self.env), cpu_bind=self.cpu_bind, gpu_bind=self.gpu_bind,
+                             depth=self.cpus_per_task)
 
+    def provider(self, cls: type | None = None) -> SlurmProvider:
+        """The site's SlurmProvider (`cls`: a subclass, for the dry run)."""
+        from parsl.providers import SlurmProvider
 
-def provider(site: SlurmSite, cls: type | None = None) -> SlurmProvider:
-    """The site's SlurmProvider (`cls`: a subclass, for the dry run)."""
-    from parsl.providers import SlurmProvider
+        return (cls or SlurmProvider)(partition=self.partition, account=self.account, qos=self.qos,
+                                      gpus_per_node=self.gpus_per_node, exclusive=self.exclusive,
+                                      scheduler_options=self.scheduler_options.strip(), **batch.provider_kwargs(self))
 
-    return (cls or SlurmProvider)(partition=site.partition, account=site.account, qos=site.qos,
-                                  gpus_per_node=site.gpus_per_node, exclusive=site.exclusive,
-                                  scheduler_options=site.scheduler_options.strip(), **batch.provider_kwargs(site))
+    @property
+    def dry_run_job_output(self) -> str:
+        return "Submitted batch job 0"
 
-
-def renewed(site: SlurmSite, excluded: list[str]) -> SlurmSite:
-    """The site for a new block that Slurm builds without the excluded nodes."""
-    line = f"#SBATCH --exclude={','.join(sorted(excluded))}"
-    options = "\n".join(x for x in (site.scheduler_options.strip(), line) if x)
-    return site.model_copy(update={"scheduler_options": options})
-
-
-def parsl_config(site: SlurmSite, run_dir: Path) -> Config:
-    """A fresh Parsl Config: one Slurm block of nodes + spares, one worker on its first node."""
-    return batch.parsl_config(site, provider(site), run_dir)
-
-
-def cancel_jobs(site: SlurmSite, job_ids: list[str]) -> list[bool]:
-    """scancel the jobs through the provider."""
-    return batch.cancel_jobs(provider(site), job_ids)
-
-
-def dry_run(site: SlurmSite, script_dir: Path) -> tuple[str, list[str]]:
-    """(sbatch script, sbatch command) of the first block; nothing is submitted or written."""
-    from parsl.providers import SlurmProvider
-
-    return batch.dry_run_block(lambda cls: provider(site, cls), SlurmProvider, site, script_dir,
-                               "Submitted batch job 0")
+    def renewed(self, excluded: list[str]) -> SlurmSite:
+        """The site for a new block that Slurm builds without the excluded nodes."""
+        line = f"#SBATCH --exclude={','.join(sorted(excluded))}"
+        options = "\n".join(x for x in (self.scheduler_options.strip(), line) if x)
+        return self.model_copy(update={"scheduler_options": options})

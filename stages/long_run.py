@@ -30,7 +30,7 @@ from campaign.train.config import Fault
 from campaign.watchdog import WatchdogPolicy
 
 if TYPE_CHECKING:
-    from campaign.engine import AttemptOutcome, StageContext
+    from campaign.attempt import AttemptOutcome, StageContext
 
 RELAUNCH = exits.RESUMABLE | {"crashed_systemic"}
 """Exit classes after which the long run launches again (while the budget lasts): the

@@ -22,7 +22,7 @@ UNBOUNDED = 10**9
 """Step target of the interrupted run: it runs until the interrupt."""
 
 if TYPE_CHECKING:
-    from campaign.engine import StageContext
+    from campaign.attempt import StageContext
 
 
 class ResumeTestStage(StageSpec):

@@ -21,7 +21,7 @@ from campaign.reference import Reference
 from campaign.stagebase import StageSpec, Verdict
 
 if TYPE_CHECKING:
-    from campaign.engine import StageContext
+    from campaign.attempt import StageContext
 
 EPS = 1e-9
 

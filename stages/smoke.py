@@ -15,7 +15,7 @@ from pydantic import Field
 from campaign.stagebase import StageSpec, Verdict
 
 if TYPE_CHECKING:
-    from campaign.engine import StageContext
+    from campaign.attempt import StageContext
 
 
 class SmokeStage(StageSpec):

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from campaign.executors import aurora, polaris  # site presets live with their site
+
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "launch"
 UPDATE_ENV = "CAMPAIGN_UPDATE_GOLDEN"
@@ -48,12 +50,12 @@ CASES: dict[str, tuple[str, Any, dict[str, Any]]] = {
         "pals",
         L.LaunchPlan(
             hosts=AURORA_HOSTS,
-            ranks_per_node=L.AURORA_RANKS_PER_NODE,
+            ranks_per_node=aurora.RANKS_PER_NODE,
             argv=TRAIN,
             env=(("OMP_NUM_THREADS", "8"),),
             hostfile="/runs/r1/hostfile",
-            cpu_bind=L.AURORA_CPU_BIND,
-            gpu_bind=L.AURORA_GPU_BIND,
+            cpu_bind=aurora.CPU_BIND,
+            gpu_bind=aurora.GPU_BIND,
             master_port=29500,
         ),
         {},
@@ -62,14 +64,14 @@ CASES: dict[str, tuple[str, Any, dict[str, Any]]] = {
         "pals",
         L.LaunchPlan(
             hosts=POLARIS_HOSTS,
-            ranks_per_node=L.POLARIS_RANKS_PER_NODE,
+            ranks_per_node=polaris.RANKS_PER_NODE,
             argv=TRAIN,
             env=(("OMP_NUM_THREADS", "8"),),
             hostfile="/runs/r1/hostfile",
-            cpu_bind=L.POLARIS_CPU_BIND,
-            depth=L.POLARIS_DEPTH,
+            cpu_bind=polaris.CPU_BIND,
+            depth=polaris.DEPTH,
             master_port=29500,
-            wrapper=L.POLARIS_GPU_WRAPPER,
+            wrapper=polaris.GPU_WRAPPER,
         ),
         {},
     ),
@@ -138,7 +140,7 @@ def test_aurora_matches_alcf_docs() -> None:
     )
     assert "--gpu-bind=list:0.0:0.1:1.0:1.1:2.0:2.1:3.0:3.1:4.0:4.1:5.0:5.1" in cmd
     assert cmd[-len(TRAIN):] == list(TRAIN)
-    ranges = L.AURORA_CPU_BIND.removeprefix("list:").split(":")
+    ranges = aurora.CPU_BIND.removeprefix("list:").split(":")
     cores = {c for r in ranges for c in range(int(r.split("-")[0]), int(r.split("-")[1]) + 1)}
     assert len(ranges) == 12 and 0 not in cores and 52 not in cores
 
@@ -156,7 +158,7 @@ def test_polaris_gpu_wrapper_sets_cuda_visible_devices(local_rank: int, gpu: str
         pytest.skip("bash not available")
     probe = [sys.executable, "-c", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"]
     env = {**os.environ, "PMI_LOCAL_RANK": str(local_rank)}
-    out = subprocess.run([*L.POLARIS_GPU_WRAPPER, *probe], env=env, capture_output=True,
+    out = subprocess.run([*polaris.GPU_WRAPPER, *probe], env=env, capture_output=True,
                          text=True, check=True, timeout=30)
     assert out.stdout.strip() == gpu
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from campaign import executors, spec, walltime
-from campaign.executors import batch, launchers
+from campaign.executors import aurora, batch, polaris
+from campaign.executors.base import LaunchOptions, Site
 from campaign.executors.aurora import AuroraSite
 from campaign.executors.polaris import PolarisSite
 from campaign.executors.slurm import SlurmSite
@@ -36,7 +37,19 @@ def test_every_site_kind_is_registered_with_a_module() -> None:
     assert executors.KINDS == ("local", "aurora", "polaris", "slurm")
     for kind in executors.KINDS:
         mod = executors.module(kind)
-        assert callable(mod.parsl_config) and mod.__doc__ and "Fields a user changes" in mod.__doc__
+        assert mod.__doc__ and "Fields a user changes" in mod.__doc__
+        (cls,) = [c for c in vars(mod).values() if isinstance(c, type) and issubclass(c, Site)
+                  and c.model_fields.get("kind") and c.model_fields["kind"].default == kind]
+        assert not getattr(cls, "__abstractmethods__", None), f"{cls.__name__} leaves {cls.__abstractmethods__} open"
+
+
+def test_a_site_that_misses_part_of_the_contract_cannot_be_made() -> None:
+    class Half(Site):
+        def launch_options(self) -> LaunchOptions:
+            return LaunchOptions()
+
+    with pytest.raises(TypeError, match="parsl_config"):
+        Half()
 
 
 def test_aurora_defaults_follow_the_alcf_docs() -> None:
@@ -44,21 +57,21 @@ def test_aurora_defaults_follow_the_alcf_docs() -> None:
     assert (site.ranks_per_node, site.launcher, site.filesystems, site.place) == (12, "pals", "home:flare", "scatter")
     assert site.node_names() is None and site.walltime_s == 3600
     opts = site.launch_options()
-    assert opts["cpu_bind"] == launchers.AURORA_CPU_BIND and opts["gpu_bind"] == launchers.AURORA_GPU_BIND
+    assert opts.cpu_bind == aurora.CPU_BIND and opts.gpu_bind == aurora.GPU_BIND
     # the single-machine stand-in: no PALS binding, loopback rendezvous
-    assert AuroraSite(account="p", launcher="mpich").launch_options() == {"env": {"MASTER_ADDR": "127.0.0.1"}}
+    assert AuroraSite(account="p", launcher="mpich").launch_options() == LaunchOptions(env={"MASTER_ADDR": "127.0.0.1"})
 
 
 def test_polaris_binds_by_depth_wraps_for_gpus_and_disables_nvlink_multicast() -> None:
     opts = PolarisSite(account="p").launch_options()
-    assert opts["cpu_bind"] == "depth" and opts["depth"] == 8 and opts["wrapper"] == list(launchers.POLARIS_GPU_WRAPPER)
-    assert opts["env"]["NCCL_NVLS_ENABLE"] == "0" and opts["env"]["NVSHMEM_DISABLE_NVLS"] == "1"
+    assert opts.cpu_bind == "depth" and opts.depth == 8 and opts.wrapper == polaris.GPU_WRAPPER
+    assert opts.env["NCCL_NVLS_ENABLE"] == "0" and opts.env["NVSHMEM_DISABLE_NVLS"] == "1"
 
 
 def test_slurm_site_uses_srun() -> None:
     site = SlurmSite(partition="debug", cpus_per_task=4, env={"X": "1"})
     assert site.launcher == "srun" and site.ranks_per_node == 1
-    assert site.launch_options() == {"cpu_bind": None, "gpu_bind": None, "depth": 4, "env": {"X": "1"}}
+    assert site.launch_options() == LaunchOptions(env={"X": "1"}, depth=4)
 
 
 def test_pbs_parsl_config_is_fresh_one_block_one_worker(tmp_path: Path) -> None:
@@ -67,8 +80,7 @@ def test_pbs_parsl_config_is_fresh_one_block_one_worker(tmp_path: Path) -> None:
 
     site = AuroraSite(account="proj", queue="debug", nodes=4, spares=2, walltime="02:00:00",
                       worker_init="module load frameworks")
-    mod = executors.module("aurora")
-    a, b = mod.parsl_config(site, tmp_path), mod.parsl_config(site, tmp_path)
+    a, b = site.parsl_config(tmp_path), site.parsl_config(tmp_path)
     assert a is not b and a.executors[0] is not b.executors[0]
     exe = a.executors[0]
     p = exe.provider
@@ -86,7 +98,7 @@ def test_cancel_jobs_registers_unknown_ids_then_cancels(monkeypatch: pytest.Monk
 
     calls = []
     monkeypatch.setattr(PBSProProvider, "execute_wait", lambda self, cmd, timeout=None: (calls.append(cmd), (0, "", ""))[1])
-    assert executors.module("aurora").cancel_jobs(AuroraSite(account="p"), ["123.pbs"]) == [True]
+    assert AuroraSite(account="p").cancel_jobs(["123.pbs"]) == [True]
     assert calls == ["qdel 123.pbs"]
 
 

@@ -1,0 +1,403 @@
+"""One attempt: what the supervisor is asked to run (`AttemptRequest`), the one launch plan
+built from it, and what a stage module sees of attempts (`StageContext`, `AttemptOutcome`).
+
+    request = build_request(site, command, run_dir=..., nodes=2, excluded=[], timeout_s=600, ...)
+    plan = request.launch_plan(hosts)        # the supervisor, the bisection drill and --dry-run
+    launchers.render(request.launcher, plan) # exactly what will run, as text
+
+`build_request` is a pure function of the spec's site and trainer command; it is the only
+place that decides the trainer's argv and environment, so `campaign submit --dry-run`
+shows exactly what the supervisor will start (paths and the rendezvous port aside).
+A stage module asks its `StageContext` for attempts (`ctx.launch(...)`); the engine runs
+each through its attempt runner (the Parsl app by default) and ingests the trainer's
+metrics while it runs. Only the driver process writes the ledger.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from campaign import reference, report
+from campaign.ledger import queries as q
+from campaign.ledger.models import Attempt, StageRun, utcnow
+from campaign.stagebase import StrictModel
+from campaign.watchdog import WatchdogPolicy
+
+if TYPE_CHECKING:
+    from campaign.engine import Engine
+    from campaign.executors.base import Site
+    from campaign.executors.launchers import LaunchPlan
+    from campaign.ledger import Ledger
+    from campaign.reference import Reference
+    from campaign.stagebase import StageSpec
+    from campaign.train.config import Fault
+
+INGEST_PERIOD_S = 1.0
+"""How often a running attempt's metrics are ingested (one transaction each time)."""
+HEARTBEAT_INTERVAL_S = 1.0
+"""How often each node's local rank 0 rewrites its heartbeat file."""
+DEFAULT_COMMAND = ("{python}", "-m", "campaign.train")
+"""The built-in trainer; `{python}` is the interpreter of the supervisor that starts it."""
+
+
+class Interrupt(StrictModel):
+    """A deliberate interruption (the resume test): once `after_step` is reported, the
+    supervisor sends `signal` to the whole job."""
+
+    after_step: int = Field(ge=1)
+    signal: Literal["SIGKILL", "SIGTERM"] = "SIGKILL"
+
+
+class AttemptRequest(StrictModel):
+    """The supervisor's instructions for one attempt: plain data that survives Parsl's
+    serialization. Built by `build_request` only."""
+
+    run_dir: str
+    """The attempt's run directory (shared filesystem): hostfile, trainer.json, logs, metrics."""
+    attempt: int
+    """The attempt's number in its stage."""
+    allocation: list[str] | None
+    """The block's node names when the site knows them (local); None: read them from the scheduler."""
+    exclude: list[str] = []
+    """Nodes the ledger excludes on this site."""
+    nodes: int = Field(ge=1)
+    """Active nodes to launch on."""
+    ranks_per_node: int = Field(ge=1)
+    launcher: str
+    """`local`, `pals`, `mpich`, `srun` or `torchrun` (executors.launchers)."""
+    argv: list[str]
+    """The trainer's command; `{python}` stands for the supervisor's interpreter."""
+    env: dict[str, str]
+    """Environment for every rank, on top of the launching process's own."""
+    cpu_bind: str | None = None
+    gpu_bind: str | None = None
+    depth: int | None = None
+    wrapper: list[str] = []
+    master_port: int | None = None
+    """Rendezvous port on the first active node (None: the launcher's default)."""
+    timeout_s: float = Field(gt=0)
+    """Hard limit of the attempt (the job is killed past it)."""
+    block_walltime_s: float | None = None
+    """The block's walltime: the trainer's deadline to checkpoint and exit 143."""
+    deadline_from: Literal["block", "attempt"] = "block"
+    interrupt: Interrupt | None = None
+    watchdog: WatchdogPolicy = WatchdogPolicy()
+
+    @property
+    def hostfile(self) -> Path:
+        return Path(self.run_dir) / "hostfile"
+
+    @property
+    def config_path(self) -> Path:
+        return Path(self.run_dir) / "trainer.json"
+
+    def launch_plan(self, hosts: list[str], *, python: str | None = None) -> LaunchPlan:
+        """The one launch plan of this attempt on `hosts` (rank order)."""
+        from campaign.executors import launchers
+
+        python = python or sys.executable
+        return launchers.LaunchPlan(
+            hosts=tuple(hosts), ranks_per_node=self.ranks_per_node,
+            argv=tuple(python if a == "{python}" else a for a in self.argv),
+            env=tuple(sorted(self.env.items())), hostfile=str(self.hostfile), master_port=self.master_port,
+            # Only srun takes an exclusion list (the scheduler enforces it); other launchers get explicit hosts.
+            exclude=tuple(sorted(set(self.exclude) - set(hosts))) if self.launcher == "srun" else (),
+            cpu_bind=self.cpu_bind, gpu_bind=self.gpu_bind, depth=self.depth, wrapper=tuple(self.wrapper),
+        )
+
+    def for_drill(self, drill_dir: Path, master_port: int | None) -> AttemptRequest:
+        """The same launch for a short collective drill in `drill_dir` (bisection)."""
+        env = {**self.env, "CAMPAIGN_RUN_DIR": str(drill_dir), "CAMPAIGN_HOSTFILE": str(drill_dir / "hostfile")}
+        argv = ["{python}", "-m", "campaign.train.drill", "--config", str(self.config_path)]
+        return self.model_copy(update={"run_dir": str(drill_dir), "env": env, "argv": argv,
+                                       "master_port": master_port})
+
+
+def build_request(site: Site, command: list[str] | None, *, run_dir: Path, attempt: int, nodes: int,
+                  excluded: list[str], timeout_s: float, faults: bool, master_port: int | None,
+                  interrupt: Interrupt | None = None, watchdog: WatchdogPolicy | None = None) -> AttemptRequest:
+    """The request of one attempt: a pure function of the site and the trainer command."""
+    config_path = run_dir / "trainer.json"
+    env = {
+        "CAMPAIGN_RUN_DIR": str(run_dir),
+        "CAMPAIGN_HOSTFILE": str(run_dir / "hostfile"),
+        "CAMPAIGN_ATTEMPT": str(attempt),
+        "CAMPAIGN_TRAINER_CONFIG": str(config_path),
+        "CAMPAIGN_HEARTBEAT_INTERVAL": str(HEARTBEAT_INTERVAL_S),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if faults:
+        env["CAMPAIGN_ALLOW_FAULTS"] = "1"
+    options = site.launch_options()
+    env.update(options.env)
+    return AttemptRequest(
+        run_dir=str(run_dir), attempt=attempt, allocation=site.node_names(), exclude=sorted(excluded), nodes=nodes,
+        ranks_per_node=site.ranks_per_node, launcher=site.launcher,
+        argv=[*(command or DEFAULT_COMMAND), "--config", str(config_path)], env=env,
+        cpu_bind=options.cpu_bind, gpu_bind=options.gpu_bind, depth=options.depth, wrapper=list(options.wrapper),
+        master_port=master_port, timeout_s=timeout_s, block_walltime_s=site.block_walltime_s(),
+        deadline_from=site.deadline_from, interrupt=interrupt, watchdog=watchdog or WatchdogPolicy(),
+    )
+
+
+AttemptRunner = Callable[[AttemptRequest], "Future[dict[str, Any]]"]
+"""Runs the supervisor for a request somewhere and returns a future of its report."""
+
+
+def run_in_thread(request: AttemptRequest) -> Future[dict[str, Any]]:
+    """An attempt runner without Parsl: the supervisor in a thread of this process (tests,
+    and a machine where the driver runs on the node itself)."""
+    from campaign.supervisor import supervise
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="supervisor")
+    future = pool.submit(supervise, request)
+    pool.shutdown(wait=False)
+    return future
+
+
+@dataclass
+class AttemptOutcome:
+    """An attempt as a stage sees it: the supervisor's report plus what the trainer wrote."""
+
+    attempt_id: int
+    number: int
+    run_dir: Path
+    nodes: list[str]
+    world_size: int
+    report: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    startup: dict[str, Any] | None
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return int(self.report["exit_code"])
+
+    @property
+    def exit_class(self) -> str:
+        return str(self.report["exit_class"])
+
+    @property
+    def suspects(self) -> list[dict[str, Any]]:
+        return list(self.report.get("suspects") or [])
+
+    @property
+    def last_step(self) -> int | None:
+        return self.report.get("last_step")
+
+    @property
+    def losses(self) -> dict[int, float]:
+        return {int(m["step"]): m["loss"] for m in self.metrics}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.report, "metrics": self.metrics, "startup": self.startup, "world_size": self.world_size,
+                "checkpoints": self.checkpoints}
+
+
+class StageContext:
+    """What a stage module may do: launch attempts, exclude nodes, report events, read references."""
+
+    def __init__(self, engine: Engine, run: StageRun, stage: StageSpec) -> None:
+        self.engine, self.run, self.stage = engine, run, stage
+        self.spec = engine.spec
+        self.stage_dir = engine.run_root / run.name
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.engine.ledger
+
+    def reference_losses(self, ref: Reference) -> dict[int, float]:
+        """Losses by step of a reference: a ledger stage run or a CSV next to the campaign file."""
+        if ref.file:
+            path = Path(ref.file)
+            return reference.read_csv(path if path.is_absolute() else self.engine.spec_dir / path)
+        assert ref.stage_run is not None
+        return reference.from_ledger(self.ledger, ref.stage_run)
+
+    def steps_for_tokens(self, tokens: int, nodes: int | None) -> int:
+        """Steps that train at least `tokens` tokens at this stage's node count."""
+        from campaign.train.shapes import shape_for
+
+        t = self.spec.trainer
+        ranks = (nodes or self.spec.site.nodes) * self.spec.site.ranks_per_node
+        per_step = shape_for(self.spec.model).seq_len * t.micro_batch_size * t.grad_accum * ranks
+        return -(-tokens // per_step)
+
+    def show_table(self, title: str, rows: list[dict[str, Any]], columns: list[str]) -> None:
+        self.engine.progress.table(f"{self.run.name}: {title}", rows, columns)
+
+    def event(self, kind: str, message: str, *, attempt_id: int | None = None, data: dict[str, Any] | None = None) -> None:
+        """Record an event in the ledger and show it."""
+        with self.ledger.session() as s:
+            run = s.get(StageRun, self.run.id)
+            assert run is not None
+            a = s.get(Attempt, attempt_id) if attempt_id else None
+            q.add_event(s, run.campaign, kind, message, stage_run=run, attempt=a, data=data)
+        self.engine.progress.event(message)
+
+    def exclude_suspects(self, outcome: AttemptOutcome, *, hours: float | None) -> list[str]:
+        """Exclude the outcome's suspect nodes on this site, with their evidence; returns them."""
+        return self._exclude(outcome, outcome.suspects, hours)
+
+    def exclude_stragglers(self, outcome: AttemptOutcome, *, hours: float | None) -> list[str]:
+        """Exclude the outcome's straggler nodes (the spec asked for it)."""
+        found = [{"node": st["node"], "reason": f"straggler: {st['ratio']:.1f}x the other nodes' compute time",
+                  "evidence": st} for st in outcome.report.get("stragglers") or []]
+        return self._exclude(outcome, found, hours)
+
+    def _exclude(self, outcome: AttemptOutcome, suspects: list[dict[str, Any]], hours: float | None) -> list[str]:
+        expires = utcnow() + dt.timedelta(hours=hours) if hours else None
+        names = []
+        with self.ledger.session() as s:
+            a = s.get(Attempt, outcome.attempt_id)
+            assert a is not None
+            for sus in suspects:
+                evidence = {**sus.get("evidence", {}), "attempt": outcome.number, "exit_class": outcome.exit_class,
+                            "stall": outcome.report.get("stall")}
+                q.exclude_node(s, site=self.engine.site_name, node=sus["node"], reason=sus["reason"],
+                               evidence=evidence, attempt=a, expires=expires)
+                q.add_event(s, a.stage_run.campaign, "node_excluded", f"excluded {sus['node']}: {sus['reason']}",
+                            stage_run=a.stage_run, attempt=a, data={"node": sus["node"], "evidence": evidence})
+                names.append(sus["node"])
+        for sus in suspects:
+            self.engine.progress.event(f"excluded {sus['node']}: {sus['reason']}")
+        return names
+
+    def launch(self, *, steps: int, nodes: int | None = None, timeout_s: float, resume: bool = True,
+               checkpoint_dir: Path | None = None, checkpoint_at: tuple[int, ...] = (), max_tokens: int | None = None,
+               faults: tuple[Fault, ...] = (), label: str = "", train: dict[str, Any] | None = None,
+               interrupt: dict[str, Any] | None = None, watchdog: WatchdogPolicy | None = None) -> AttemptOutcome:
+        """Run one attempt of the trainer to `steps` on `nodes` active nodes and return its outcome.
+
+        `resume`: continue from the newest complete checkpoint in `checkpoint_dir` (default:
+        the stage's). `train`: overrides of the spec's trainer section for this attempt.
+        `interrupt`: {"after_step": S, "signal": "SIGKILL"|"SIGTERM"}: the supervisor sends
+        the signal to the whole job once step S is reported (a deliberate interruption).
+        """
+        from campaign.supervisor import free_port
+        from campaign.train.config import RunConfig, TrainerConfig
+
+        self.engine.check_cancel()
+        n = nodes or self.spec.site.nodes
+        ckpt = checkpoint_dir or self.stage_dir / "checkpoints"
+        with self.ledger.session() as s:
+            run = s.get(StageRun, self.run.id)
+            assert run is not None
+            a = q.create_attempt(s, run, nodes=[], ranks_per_node=self.spec.site.ranks_per_node, run_dir="",
+                                 label=label, tokens_base=_tokens_base(run, resume))
+            a.run_dir = str(self.stage_dir / f"attempt-{a.number:03d}")
+            number, attempt_id = a.number, a.id
+            excluded = sorted({e.node for e in q.list_exclusions(s, self.engine.site_name)})
+        run_dir = self.stage_dir / f"attempt-{number:03d}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        trainer = self.spec.trainer.model_copy(update=train or {})
+        config = TrainerConfig(
+            model=self.spec.model, data=self.spec.data, train=trainer, faults=list(faults),
+            run=RunConfig(max_steps=steps, max_tokens=max_tokens, checkpoint_dir=str(ckpt),
+                          checkpoint_at=list(checkpoint_at), resume=resume, attempt=number),
+        )
+        request = build_request(self.spec.site, self.spec.trainer.command, run_dir=run_dir, attempt=number, nodes=n,
+                                excluded=excluded, timeout_s=timeout_s, faults=bool(faults), master_port=free_port(),
+                                interrupt=Interrupt.model_validate(interrupt) if interrupt else None,
+                                watchdog=watchdog)
+        request.config_path.write_text(config.model_dump_json(indent=2))
+        self.engine.progress.attempt_started(self.run.name, number, n, steps, label)
+        self.engine.current_run_dir = run_dir
+        rep, offset = self._supervise(request, attempt_id, steps)
+        if rep.get("short_of_nodes") and self.engine.renew_block(excluded):
+            # The block has too few usable nodes left (spares spent): a new block, then again.
+            rep, offset = self._supervise(request, attempt_id, steps)
+        elif rep.get("block_failed") and self.engine.restart_block(rep["error"]):
+            # Parsl gives up on an executor whose block never started; a fresh load, then again.
+            rep, offset = self._supervise(request, attempt_id, steps)
+        self.engine.current_run_dir = None
+        self._ingest(attempt_id, run_dir, offset, steps)
+        return self._finish(attempt_id, number, run_dir, rep, ckpt)
+
+    def _supervise(self, request: AttemptRequest, attempt_id: int, steps: int) -> tuple[dict[str, Any], int]:
+        """Start the supervisor through the engine's runner and ingest metrics until it returns."""
+        run_dir = Path(request.run_dir)
+        future = self.engine.start_attempt(request)
+        offset = 0
+        while not future.done():
+            time.sleep(INGEST_PERIOD_S / 4)
+            offset = self._ingest(attempt_id, run_dir, offset, steps)
+            if self.engine.cancel_requested:
+                from campaign.supervisor import STOP_FILE
+
+                (run_dir / STOP_FILE).touch()
+        try:
+            return future.result(), offset
+        except Exception as e:  # the app itself failed: its block ended, or a bug/serialization problem
+            return _app_failure(e, run_dir), offset
+
+    def _ingest(self, attempt_id: int, run_dir: Path, offset: int, steps: int) -> int:
+        rows, new_offset = report.read_metrics(run_dir, offset)
+        if rows:
+            with self.ledger.session() as s:
+                a = s.get(Attempt, attempt_id)
+                assert a is not None
+                q.ingest_steps(s, a, rows)
+            self.engine.progress.steps(self.run.name, rows[-1], steps)
+        return new_offset
+
+    def _finish(self, attempt_id: int, number: int, run_dir: Path, rep: dict[str, Any], ckpt: Path) -> AttemptOutcome:
+        metrics, _ = report.read_metrics(run_dir)
+        checkpoints = report.list_checkpoints(ckpt) if ckpt.exists() else []
+        with self.ledger.session() as s:
+            a = s.get(Attempt, attempt_id)
+            assert a is not None
+            a.nodes = list(rep.get("nodes") or [])
+            for ck in checkpoints:
+                q.record_checkpoint(s, a.stage_run, a, step=ck["step"], tokens=ck.get("tokens") or 0,
+                                    path=str(ck["path"]), complete=bool(ck["complete"]))
+            q.finish_attempt(s, a, state=rep["exit_class"], exit_code=rep["exit_code"],
+                             suspects=rep.get("suspects", []), summary=_summary(rep))
+        self.engine.progress.attempt_finished(self.run.name, number, rep)
+        for st in rep.get("stragglers") or []:
+            self.event("straggler", f"straggler {st['node']}: computes {st['ratio']:.1f}x as long per step as the "
+                       f"other nodes' median ({st['compute_s'] * 1000:.0f} ms vs {st['others_median_s'] * 1000:.0f} ms)",
+                       attempt_id=attempt_id, data=st)
+        nodes = list(rep.get("nodes") or [])
+        return AttemptOutcome(attempt_id, number, run_dir, nodes, len(nodes) * self.spec.site.ranks_per_node, rep,
+                              metrics, report.read_startup(run_dir), checkpoints)
+
+
+def _app_failure(e: Exception, run_dir: Path) -> dict[str, Any]:
+    """The report of an attempt whose supervisor app never returned."""
+    from parsl.executors.errors import BadStateException
+    from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
+
+    lost = isinstance(e, (ManagerLost, WorkerLost))
+    unstarted = isinstance(e, BadStateException)  # the block's workers never registered
+    metrics, _ = report.read_metrics(run_dir)
+    what = ("the block failed to start its worker" if unstarted else "the block ended under the attempt" if lost
+            else "supervisor app failed")
+    return {"exit_code": 143 if lost or unstarted else 1,
+            "exit_class": "block_lost" if lost or unstarted else "crashed_systemic",
+            "block_failed": unstarted, "duration_s": 0.0, "nodes": [], "suspects": [], "killed_by": None,
+            "last_step": metrics[-1]["step"] if metrics else None, "error": f"{what}: {str(e)[:2000]}"}
+
+
+def _tokens_base(run: StageRun, resume: bool) -> int:
+    """Stage tokens before a new attempt: a resuming attempt continues the chain of the
+    newest earlier attempt (its cumulative tokens go on from the checkpoint); a fresh one
+    adds to what the stage already trained."""
+    if resume and run.attempts:
+        return int(run.attempts[-1].tokens_base)
+    return int(run.tokens)
+
+
+def _summary(rep: dict[str, Any]) -> dict[str, Any]:
+    keep = ("duration_s", "killed_by", "stall", "first_failure", "launch_command", "launch_text", "error",
+            "detected_after_s", "spares", "allocation", "stragglers")
+    return {k: rep.get(k) for k in keep if rep.get(k) not in (None, [])}

@@ -1,0 +1,126 @@
+"""What a driver that died leaves behind, and how the next one cleans it up.
+
+A driver killed with `kill -9` (or a lost login session) leaves three things: attempts the
+ledger still calls open, their trainer processes or scheduler jobs, and its Parsl
+interchange and local worker pool. The next `submit`/`resume` of the campaign, holding the
+lease, calls `reap_dead_driver` (the Parsl processes) and `recover_orphans` (the attempts:
+each is stopped through `stop_orphan` and recorded `orphaned`, a resumable class).
+
+Every kill here is guarded: only on the dead driver's host, only processes that are
+provably its own (the interchange's pid and title, workers naming its Parsl directory,
+trainer processes whose environment names the attempt's run directory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from campaign.lease import process_alive
+from campaign.ledger import queries as q
+from campaign.ledger.models import Campaign
+
+if TYPE_CHECKING:
+    from campaign.executors.base import Site
+    from campaign.ledger import Ledger
+
+DRIVER_FILE = "driver.json"
+"""In the campaign directory: the driver's host and pid and its Parsl interchange's, for a successor."""
+
+
+def reap_dead_driver(campaign_dir: Path) -> int:
+    """Stop the Parsl interchange and local block processes of a driver that died (kill -9):
+    they outlive it. Returns how many processes were killed."""
+    try:
+        info = json.loads((campaign_dir / DRIVER_FILE).read_text())
+    except (OSError, ValueError):
+        return 0
+    if info.get("host") != socket.gethostname() or info.get("pid") == os.getpid() or process_alive(int(info["pid"])):
+        return 0
+    victims = set()
+    ipid = info.get("interchange_pid")
+    if ipid and b"interchange" in _cmdline(int(ipid)):
+        victims.add(int(ipid))
+    marker = str(info.get("parsl_dir", "")).encode()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and marker and marker in _cmdline(int(proc.name)) and int(proc.name) != os.getpid():
+            victims.add(int(proc.name))
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(victims)
+
+
+def recover_orphans(ledger: Ledger, campaign_id: int, site: Site, say: Callable[[str], None]) -> int:
+    """Attempts a crashed driver left open: stop their jobs, record them `orphaned` (their
+    stage goes back to pending). Returns how many were recovered."""
+    count = 0
+    with ledger.session() as s:
+        c = s.get(Campaign, campaign_id)
+        assert c is not None
+        for a in q.list_open_attempts(s, c):
+            stopped = stop_orphan(Path(a.run_dir), site)
+            q.finish_attempt(s, a, state="orphaned", exit_code=None, suspects=[],
+                             summary={**(a.summary or {}), "recovery": stopped})
+            q.add_event(s, c, "attempt_orphaned", f"stage {a.stage_run.name} attempt {a.number} was left running "
+                        f"by a driver that died; {stopped}", stage_run=a.stage_run, attempt=a)
+            if a.stage_run.state == "running":
+                a.stage_run.state = "pending"
+            say(f"recovered stage {a.stage_run.name} attempt {a.number}: {stopped}")
+            count += 1
+    return count
+
+
+def stop_orphan(run_dir: Path, site: Site) -> str:
+    """Stop the job of an attempt whose driver died. Returns what was done, for the record."""
+    from campaign.supervisor import PIDS_FILE, STOP_FILE
+
+    (run_dir / STOP_FILE).touch()  # a supervisor that still lives stops its job
+    try:
+        pids = json.loads((run_dir / PIDS_FILE).read_text())
+    except (OSError, ValueError):
+        return "no job had started"
+    if pids.get("block_job_id"):
+        site.cancel_jobs([pids["block_job_id"]])
+        return f"cancelled scheduler job {pids['block_job_id']} through the provider"
+    if pids.get("host") != socket.gethostname():
+        return f"job ran on {pids.get('host')}; STOP file written for its supervisor"
+    killed = [pgid for pgid in pids.get("pgids", []) if _kill_group(pgid, run_dir)]
+    return f"killed {len(killed)} process group(s)" if killed else "its processes had already exited"
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _kill_group(pgid: int, run_dir: Path) -> bool:
+    """SIGKILL process group `pgid` if its members are this attempt's (checked by environment)."""
+    members = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(proc.name)) != pgid:
+                continue
+            env = (proc / "environ").read_bytes()
+        except (OSError, ProcessLookupError):
+            continue
+        if f"CAMPAIGN_RUN_DIR={run_dir}".encode() in env:
+            members.append(int(proc.name))
+    if not members:
+        return False
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True
