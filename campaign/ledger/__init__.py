@@ -1,7 +1,7 @@
 """The ledger: the database of record (SQLite by default, Postgres by URL).
 
 Rows in `models`, queries in `queries`, opening and migrations in `db` and `schema`.
-Only the orchestrator writes it; trainers and supervisors write files it ingests.
+Only the driver writes it; trainers and supervisors write files it ingests.
 """
 
 from campaign.ledger.db import Ledger, default_url, open_ledger

@@ -30,7 +30,7 @@ def default_url(workdir: str | Path) -> str:
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
-    # WAL: readers (`campaign status`) never block the single writer (the orchestrator).
+    # WAL: readers (`campaign status`) never block the single writer (the driver).
     cur.execute("PRAGMA journal_mode=WAL")
     # Foreign keys are off by default in SQLite; the schema relies on them for cascades.
     cur.execute("PRAGMA foreign_keys=ON")

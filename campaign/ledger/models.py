@@ -5,7 +5,7 @@
                                       1─* checkpoint
     campaign 1─* event (append-only history; stage_run / attempt optional)
     exclusion (per site and node: reason, evidence, expiry)
-    lease (one per campaign: the orchestrator process driving it now)
+    lease (one per campaign: the driver process driving it now)
 
 Current state lives on the row (`state`, counters such as `tokens` and `last_loss`, kept
 up to date at ingestion so `campaign status` never scans metrics); history lives in
@@ -183,7 +183,7 @@ class Event(Base):
 
 
 class Lease(Timestamped, Base):
-    """Which orchestrator process drives a campaign now. Renewed while it runs; a lease
+    """Which driver process drives a campaign now. Renewed while it runs; a lease
     not renewed for `ttl_s` is stale and may be taken over (the driver died)."""
 
     __tablename__ = "lease"

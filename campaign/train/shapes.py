@@ -1,4 +1,4 @@
-"""Model shapes by name, without torch: the orchestrator sizes runs (tokens per step) from
+"""Model shapes by name, without torch: the driver sizes runs (tokens per step) from
 these, and `campaign.train.model` builds the network from them."""
 
 from __future__ import annotations
