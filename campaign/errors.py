@@ -5,6 +5,7 @@
     ├── LedgerError          the ledger cannot be used as asked (exit 2)
     │   └── SchemaOutOfDate  the ledger's schema is older than this release (exit 2)
     ├── CampaignConflict     same name, different spec, or another driver holds it (exit 2)
+    │   └── LeaseLost        another driver took this driver's lease: it stops, trainers untouched (exit 2)
     ├── SiteError            the site cannot provide what a stage asks for (exit 2)
     └── RemoteError          a Globus Compute endpoint cannot be used: credentials, versions, reach (exit 2)
 """
@@ -39,6 +40,11 @@ class SchemaOutOfDate(LedgerError):
 
 class CampaignConflict(CampaignError):
     """The request conflicts with what the ledger already holds."""
+
+
+class LeaseLost(CampaignConflict):
+    """Another driver took over this driver's lease (it judged it stale): this one stops at
+    once, writes nothing more to the ledger and leaves the trainers to the new holder."""
 
 
 class SiteError(CampaignError):

@@ -1,8 +1,10 @@
 """One driver per campaign: a lease row in the ledger, renewed while the driver runs.
 
-A second `campaign submit` or `campaign resume` of a campaign whose lease is fresh is
-refused, naming the holder. A lease whose holder process is gone (same host, dead pid)
-or that was not renewed within its ttl is stale and is taken over.
+A second `campaign submit` or `campaign resume` of a campaign whose lease is held is
+refused, naming the holder. A lease is stale, and taken over atomically, when its holder
+on this host is gone (dead pid, or a pid that is no campaign driver any more), or when a
+holder on another host has not renewed it within its ttl. A driver that finds its lease
+taken stops without touching the trainers (the new holder adopts them).
 """
 
 from __future__ import annotations
@@ -11,12 +13,17 @@ import os
 import socket
 import threading
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from campaign.errors import CampaignConflict
 from campaign.ledger import Ledger
 from campaign.ledger import queries as q
-from campaign.ledger.models import Campaign, utcnow
+from campaign.ledger.models import Campaign, Lease, utcnow
 
 TTL_S = 60.0
 """A lease not renewed for this long is stale (its driver hung or died elsewhere)."""
@@ -35,46 +42,97 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+def driver_alive(pid: int) -> bool:
+    """Whether `pid` on this host is still a campaign driver: alive, and (where /proc shows
+    it) a process whose command line names campaign, so a recycled pid does not count. A
+    stopped driver (SIGSTOP, Ctrl-Z) is alive: its lease must not be taken from under it."""
+    if pid == os.getpid():
+        return True
+    if not process_alive(pid):
+        return False
+    try:
+        return b"campaign" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
+
+
 class DriverLease:
     """The lease of this process on one campaign; renews itself in a daemon thread."""
 
-    def __init__(self, ledger: Ledger, campaign_id: int, *, ttl_s: float = TTL_S) -> None:
+    def __init__(self, ledger: Ledger, campaign_id: int, *, ttl_s: float = TTL_S,
+                 on_lost: Callable[[str], None] | None = None) -> None:
+        """`on_lost(why)` is called (from the renewal thread) if another driver took the lease."""
         self.ledger, self.campaign_id, self.ttl_s = ledger, campaign_id, ttl_s
         self.host, self.pid, self.token = socket.gethostname(), os.getpid(), uuid.uuid4().hex
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.took_over: dict[str, Any] | None = None
+        self.on_lost = on_lost
 
     def acquire(self) -> None:
-        """Take the lease or raise CampaignConflict naming the live holder."""
-        with self.ledger.session() as s:
-            c = s.get(Campaign, self.campaign_id)
-            assert c is not None
-            held = q.get_lease(s, c)
-            if held is not None and held.token != self.token:
-                age = (utcnow() - held.renewed).total_seconds()
-                dead = held.host == self.host and not process_alive(held.pid)
-                if not dead and age < held.ttl_s:
-                    raise CampaignConflict(
-                        f"campaign {c.name!r} is being driven by pid {held.pid} on {held.host} (lease renewed {age:.0f} s "
-                        f"ago); watch it with `campaign status {c.name}`, or stop it with `campaign cancel {c.name}`")
-                self.took_over = {"host": held.host, "pid": held.pid, "age_s": round(age, 1), "dead": dead}
-                q.add_event(s, c, "lease_taken_over", f"took over a stale lease of pid {held.pid} on {held.host} "
-                            f"({'process gone' if dead else f'not renewed for {age:.0f} s'})")
-            q.take_lease(s, c, host=self.host, pid=self.pid, token=self.token, ttl_s=self.ttl_s)
+        """Take the lease or raise CampaignConflict naming the live holder.
+
+        Taking over is a compare-and-swap on the holder's token (an UPDATE ... WHERE token =
+        the one we judged stale), so of two drivers that judge the same lease stale at once,
+        exactly one wins; the first lease of a campaign is an INSERT that the unique
+        campaign_id lets only one driver make. A holder on this host whose process still
+        runs is never taken over, however old its renewal (stopped with SIGSTOP or Ctrl-Z,
+        or the clock jumped): only a holder on another host can be judged by age alone."""
+        try:
+            with self.ledger.session() as s:
+                c = s.get(Campaign, self.campaign_id)
+                assert c is not None
+                held = q.get_lease(s, c)
+                if held is None:
+                    q.take_lease(s, c, host=self.host, pid=self.pid, token=self.token, ttl_s=self.ttl_s)
+                elif held.token != self.token:
+                    self._take_over(s, c, held)
+        except (IntegrityError, OperationalError) as e:
+            # IntegrityError: both inserted the first lease; OperationalError: SQLite refuses the
+            # stale snapshot of the driver that lost the race to write ("database is locked").
+            if isinstance(e, OperationalError) and "locked" not in str(e):
+                raise
+            raise CampaignConflict(f"another driver took the lease of campaign {self.campaign_id} at the same "
+                                   "moment; watch it with `campaign status`") from None
         self._thread = threading.Thread(target=self._renew, name="campaign-lease", daemon=True)
         self._thread.start()
+
+    def _take_over(self, s: Any, c: Campaign, held: Any) -> None:
+        age = (utcnow() - held.renewed).total_seconds()
+        here = held.host == self.host
+        alive = driver_alive(held.pid) if here else age < held.ttl_s
+        if alive:
+            stalled = f"; it has not renewed for {age:.0f} s: is it stopped (Ctrl-Z, SIGSTOP)? `kill -CONT {held.pid}`" \
+                if here and age >= held.ttl_s else ""
+            raise CampaignConflict(
+                f"campaign {c.name!r} is being driven by pid {held.pid} on {held.host} (lease renewed {age:.0f} s "
+                f"ago{stalled}); watch it with `campaign status {c.name}`, or stop it with `campaign cancel {c.name}`")
+        taken = s.execute(sa.update(Lease).where(Lease.campaign_id == c.id, Lease.token == held.token)
+                          .values(host=self.host, pid=self.pid, token=self.token, ttl_s=self.ttl_s, renewed=utcnow()))
+        if taken.rowcount != 1:
+            raise CampaignConflict(f"campaign {c.name!r}: another driver took over the stale lease first; "
+                                   f"watch it with `campaign status {c.name}`")
+        self.took_over = {"host": held.host, "pid": held.pid, "age_s": round(age, 1), "dead": here}
+        q.add_event(s, c, "lease_taken_over", f"took over a stale lease of pid {held.pid} on {held.host} "
+                    f"({'process gone' if here else f'not renewed for {age:.0f} s'})")
 
     def _renew(self) -> None:
         while not self._stop.wait(RENEW_S):
             try:
                 with self.ledger.session() as s:
-                    c = s.get(Campaign, self.campaign_id)
-                    lease = q.get_lease(s, c) if c else None
-                    if lease is not None and lease.token == self.token:
-                        lease.renewed = utcnow()
+                    kept = s.execute(sa.update(Lease).where(Lease.campaign_id == self.campaign_id,
+                                                            Lease.token == self.token).values(renewed=utcnow()))
+                    holder = None if kept.rowcount == 1 else s.scalar(
+                        sa.select(Lease).where(Lease.campaign_id == self.campaign_id))
+                    why = None if kept.rowcount == 1 else (
+                        f"pid {holder.pid} on {holder.host} took over this campaign's lease" if holder
+                        else "this campaign's lease was removed")
             except Exception:  # a busy database must not kill the driver; the next renewal retries
                 continue
+            if why is not None:
+                if self.on_lost is not None:
+                    self.on_lost(why)
+                return
 
     def release(self) -> None:
         self._stop.set()
@@ -89,6 +147,6 @@ class DriverLease:
 def is_live(held: Any) -> bool:
     """Whether a lease row's driver still runs: renewed within its ttl and, when it was taken
     on this host, its process exists. (`campaign submit --endpoint` attaches to such a driver.)"""
-    age = (utcnow() - held.renewed).total_seconds()
-    dead = held.host == socket.gethostname() and not process_alive(held.pid)
-    return not dead and age < held.ttl_s
+    if held.host == socket.gethostname():
+        return driver_alive(held.pid)
+    return (utcnow() - held.renewed).total_seconds() < held.ttl_s

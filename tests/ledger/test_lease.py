@@ -1,0 +1,137 @@
+"""The driver lease on SQLite and the real PostgreSQL: one driver per campaign, take-over
+only of a lease whose holder is gone, atomically, and a driver that lost its lease knows."""
+
+from __future__ import annotations
+
+import datetime as dt
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from campaign import lease as lease_mod
+from campaign.errors import CampaignConflict
+from campaign.lease import DriverLease
+from campaign.ledger import Ledger, open_ledger
+from campaign.ledger import queries as q
+from campaign.ledger.models import Lease, utcnow
+
+
+@pytest.fixture
+def ledger(ledger_url: str) -> Iterator[Ledger]:
+    led = open_ledger(ledger_url)
+    try:
+        yield led
+    finally:
+        led.close()
+
+
+@pytest.fixture
+def campaign_id(ledger: Ledger) -> int:
+    with ledger.session() as s:
+        c = q.create_campaign(s, name="leased", digest="d", spec_json={}, source="", site="local", workdir="/w",
+                              spec_dir="/s")
+        s.flush()
+        return int(c.id)
+
+
+def _hold(ledger: Ledger, campaign_id: int, *, pid: int, host: str, age_s: float) -> None:
+    with ledger.session() as s:
+        s.add(Lease(campaign_id=campaign_id, host=host, pid=pid, token="theirs", ttl_s=60.0,
+                    renewed=utcnow() - dt.timedelta(seconds=age_s)))
+
+
+def _holder(ledger: Ledger, campaign_id: int) -> tuple[int, str]:
+    with ledger.session() as s:
+        row = s.query(Lease).filter_by(campaign_id=campaign_id).one()
+        return row.pid, row.token
+
+
+def test_a_stopped_driver_on_this_host_keeps_its_lease_however_old(ledger: Ledger, campaign_id: int) -> None:
+    """SIGSTOP / Ctrl-Z: the process lives but does not renew. Taking its lease would make two drivers."""
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "campaign-driver"])
+    try:
+        _hold(ledger, campaign_id, pid=stopped.pid, host=lease_mod.socket.gethostname(), age_s=3600)
+        with pytest.raises(CampaignConflict, match=rf"pid {stopped.pid} .*kill -CONT {stopped.pid}"):
+            DriverLease(ledger, campaign_id).acquire()
+        assert _holder(ledger, campaign_id) == (stopped.pid, "theirs")
+    finally:
+        stopped.kill()
+        stopped.wait()
+
+
+def test_a_dead_drivers_lease_is_taken_over_and_recorded(ledger: Ledger, campaign_id: int) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    _hold(ledger, campaign_id, pid=gone.pid, host=lease_mod.socket.gethostname(), age_s=1)
+    mine = DriverLease(ledger, campaign_id)
+    mine.acquire()
+    try:
+        assert _holder(ledger, campaign_id)[1] == mine.token and mine.took_over and mine.took_over["dead"]
+        with ledger.session() as s:
+            c = q.get_campaign(s, "leased")
+            assert [e.kind for e in q.list_events(s, c)][-1] == "lease_taken_over"
+    finally:
+        mine.release()
+
+
+def test_a_fresh_lease_on_another_host_is_refused_a_stale_one_taken(ledger: Ledger, campaign_id: int) -> None:
+    _hold(ledger, campaign_id, pid=1, host="login-other", age_s=5)
+    with pytest.raises(CampaignConflict, match="is being driven by pid 1 on login-other"):
+        DriverLease(ledger, campaign_id).acquire()
+    with ledger.session() as s:
+        s.query(Lease).filter_by(campaign_id=campaign_id).update({"renewed": utcnow() - dt.timedelta(seconds=600)})
+    mine = DriverLease(ledger, campaign_id)
+    mine.acquire()
+    mine.release()
+
+
+def test_two_drivers_taking_over_one_stale_lease_at_once_make_exactly_one_winner(
+        ledger_url: str, campaign_id: int, ledger: Ledger) -> None:
+    _hold(ledger, campaign_id, pid=1, host="login-other", age_s=600)
+    ledgers = [open_ledger(ledger_url), open_ledger(ledger_url)]
+    start = threading.Barrier(2)
+    won: list[DriverLease] = []
+    lost: list[str] = []
+
+    def take(led: Ledger) -> None:
+        candidate = DriverLease(led, campaign_id)
+        start.wait()
+        try:
+            candidate.acquire()
+            won.append(candidate)
+        except CampaignConflict as e:
+            lost.append(str(e))
+
+    threads = [threading.Thread(target=take, args=(led,)) for led in ledgers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    try:
+        assert len(won) == 1 and len(lost) == 1, (won, lost)
+        assert _holder(ledger, campaign_id)[1] == won[0].token
+    finally:
+        for w in won:
+            w.release()
+        for led in ledgers:
+            led.close()
+
+
+def test_a_driver_whose_lease_was_taken_is_told(ledger: Ledger, campaign_id: int,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lease_mod, "RENEW_S", 0.1)
+    told: list[str] = []
+    mine = DriverLease(ledger, campaign_id, on_lost=told.append)
+    mine.acquire()
+    with ledger.session() as s:  # another driver's take-over, as its compare-and-swap leaves the row
+        s.query(Lease).filter_by(campaign_id=campaign_id).update({"token": "theirs", "pid": 4242, "host": "n9"})
+    deadline = time.time() + 10
+    while not told and time.time() < deadline:
+        time.sleep(0.05)
+    mine.release()
+    assert told == ["pid 4242 on n9 took over this campaign's lease"]
+    assert _holder(ledger, campaign_id) == (4242, "theirs"), "releasing a lost lease leaves the new holder's row"
