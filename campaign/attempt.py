@@ -223,6 +223,14 @@ class StageContext:
         assert ref.stage_run is not None
         return reference.from_ledger(self.ledger, ref.stage_run)
 
+    def stage_progress(self) -> dict[str, Any]:
+        """What the ledger holds of this stage run so far (all attempts, orphans adopted on
+        recovery included): its step, tokens and last loss."""
+        with self.ledger.session() as s:
+            run = s.get(StageRun, self.run.id)
+            assert run is not None
+            return {"step": run.steps, "tokens": run.tokens, "loss": run.last_loss}
+
     def steps_for_tokens(self, tokens: int, nodes: int | None) -> int:
         """Steps that train at least `tokens` tokens at this stage's node count."""
         from campaign.train.shapes import shape_for
@@ -325,16 +333,25 @@ class StageContext:
 
     def _supervise(self, request: AttemptRequest, attempt_id: int, steps: int) -> tuple[dict[str, Any], int]:
         """Start the supervisor through the engine's runner and ingest metrics until it returns."""
+        from campaign.supervisor import STOP_FILE
+
         run_dir = Path(request.run_dir)
         future = self.engine.start_attempt(request)
         offset = 0
         while not future.done():
             time.sleep(INGEST_PERIOD_S / 4)
+            self.engine.check_lease()
             offset = self._ingest(attempt_id, run_dir, offset, steps)
             if self.engine.cancel_requested:
-                from campaign.supervisor import STOP_FILE
-
                 (run_dir / STOP_FILE).touch()
+            lost = self.engine.runner_lost()
+            if lost is not None:  # the future would never complete: stop the job ourselves
+                from campaign.recovery import stop_orphan
+
+                stopped = stop_orphan(run_dir, self.spec.site)
+                (run_dir / STOP_FILE).unlink(missing_ok=True)  # the job is stopped; a relaunch may start
+                rep = _app_failure(RuntimeError(f"{lost}; {stopped}"), run_dir)
+                return {**rep, "exit_code": 143, "exit_class": "block_lost", "block_failed": True}, offset
         try:
             return future.result(), offset
         except Exception as e:  # the app itself failed: its block ended, or a bug/serialization problem

@@ -28,7 +28,7 @@ from typing import Any
 
 from campaign import report, stages
 from campaign.attempt import AttemptRequest, AttemptRunner, StageContext
-from campaign.errors import CampaignConflict
+from campaign.errors import CampaignConflict, LeaseLost
 from campaign.executors.base import LABEL, Site
 from campaign.lease import DriverLease
 from campaign.ledger import Ledger
@@ -68,6 +68,7 @@ class Engine:
         self.current_run_dir: Path | None = None
         self._dfk: Any = None
         self._restarted = False
+        self.lease_lost: str | None = None
 
     # --- campaign -----------------------------------------------------------------------
 
@@ -90,6 +91,8 @@ class Engine:
                 q.bump_campaign_version(s, c, digest=digest, spec_json=spec_json, source=source)
             q.ensure_stage_runs(s, c, [(st.label, st.kind) for st in self.spec.stages])
             self.campaign_id = c.id
+            # Each version trains in its own directories: v2 must never resume v1's checkpoints.
+            self.run_root = self.campaign_dir if c.version == 1 else self.campaign_dir / f"v{c.version}"
             return c
 
     @property
@@ -100,7 +103,7 @@ class Engine:
         """Run every stage not yet passed, in order. 0 if all passed, 1 if one failed, 130 if cancelled."""
         self.register(source, new_version=new_version)
         assert self.campaign_id is not None
-        lease = DriverLease(self.ledger, self.campaign_id)
+        lease = DriverLease(self.ledger, self.campaign_id, on_lost=self._lease_lost)
         lease.acquire()
         previous = self._install_signal_handlers()
         try:
@@ -157,6 +160,14 @@ class Engine:
             self._app = python_app(supervise, executors=[LABEL])
         return self._app(request)  # type: ignore[no-any-return]
 
+    def runner_lost(self) -> str | None:
+        """Why attempts can no longer complete through Parsl (its interchange exited), or None."""
+        if self._dfk is None:
+            return None
+        proc = getattr(self._dfk.executors.get(LABEL), "interchange_proc", None)
+        code = proc.poll() if proc is not None else None
+        return None if code is None else f"the Parsl interchange exited (code {code})"
+
     @contextlib.contextmanager
     def _parsl(self) -> Iterator[None]:
         """One Parsl DataFlowKernel (and one block) for the stages of this submission; a fresh
@@ -184,16 +195,24 @@ class Engine:
         import parsl
 
         if self._dfk is not None:
+            if self.runner_lost() is not None:
+                # Parsl's scale_in at cleanup asks the interchange for its managers and blocks
+                # forever once the interchange is gone: cancel the blocks through the provider
+                # ourselves and skip it.
+                executor = self._dfk.executors[LABEL]
+                executor.provider.cancel(list(executor.blocks_to_job_id.values()))
+                executor.scale_in = lambda *args, **kwargs: []
             self._dfk.cleanup()
             self._dfk = None
             parsl.clear()
 
     def restart_block(self, why: str) -> bool:
-        """A fresh Parsl load of the same site after its block failed to start (once per submission)."""
+        """A fresh Parsl load of the same site after its block failed to start or its interchange
+        died (once per submission)."""
         if self._dfk is None or self._restarted:
             return False
         self._restarted = True
-        message = f"the block failed to start; loading Parsl again for a new block ({why.splitlines()[0][:200]})"
+        message = f"the block is gone; loading Parsl again for a new block ({why.splitlines()[0][:200]})"
         with self.ledger.session() as s:
             c = s.get(Campaign, self.campaign_id)
             assert c is not None
@@ -228,6 +247,8 @@ class Engine:
         except Cancelled:
             self._set_stage(run, "failed", "cancelled by the user")
             raise
+        except LeaseLost:
+            raise  # the ledger belongs to the new driver now: write nothing
         except Exception as e:
             verdict = Verdict(False, f"stage crashed in the driver: {type(e).__name__}: {e}",
                               {"traceback": traceback.format_exc(limit=5)})
@@ -271,7 +292,9 @@ class Engine:
                 (self.current_run_dir / STOP_FILE).touch()
 
         previous = {}
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        # SIGHUP (a closed ssh session, a dropped terminal) is a request to stop like SIGTERM:
+        # stop the job, record the campaign cancelled; `campaign resume` continues it.
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             try:
                 previous[sig] = signal.signal(sig, request_cancel)
             except ValueError:  # not the main thread (e.g. a test harness): no handlers
@@ -284,6 +307,16 @@ class Engine:
             signal.signal(sig, handler)
 
     def check_cancel(self) -> None:
+        """Between and during attempts: stop if cancelled, or if this driver lost its lease."""
+        self.check_lease()
         if self.cancel_requested:
             raise Cancelled()
+
+    def check_lease(self) -> None:
+        if self.lease_lost is not None:
+            raise LeaseLost(f"{self.lease_lost}; this driver stops and leaves the running job to it")
+
+    def _lease_lost(self, why: str) -> None:
+        self.lease_lost = why
+        self.progress.event(f"lost the lease: {why}; stopping without touching the job")
 

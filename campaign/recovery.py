@@ -21,11 +21,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from campaign import report
 from campaign.lease import process_alive
 from campaign.ledger import queries as q
-from campaign.ledger.models import Campaign
+from campaign.ledger.models import Attempt, Campaign
 
 if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
     from campaign.executors.base import Site
     from campaign.ledger import Ledger
 
@@ -67,15 +70,35 @@ def recover_orphans(ledger: Ledger, campaign_id: int, site: Site, say: Callable[
         assert c is not None
         for a in q.list_open_attempts(s, c):
             stopped = stop_orphan(Path(a.run_dir), site)
+            adopted = adopt_orphan(s, a)
             q.finish_attempt(s, a, state="orphaned", exit_code=None, suspects=[],
-                             summary={**(a.summary or {}), "recovery": stopped})
+                             summary={**(a.summary or {}), "recovery": stopped, "adopted": adopted})
             q.add_event(s, c, "attempt_orphaned", f"stage {a.stage_run.name} attempt {a.number} was left running "
                         f"by a driver that died; {stopped}", stage_run=a.stage_run, attempt=a)
             if a.stage_run.state == "running":
                 a.stage_run.state = "pending"
-            say(f"recovered stage {a.stage_run.name} attempt {a.number}: {stopped}")
+            say(f"recovered stage {a.stage_run.name} attempt {a.number}: {stopped}; adopted {adopted['steps']} "
+                f"step(s) to step {a.last_step} and {adopted['checkpoints']} checkpoint(s) it wrote")
             count += 1
     return count
+
+
+def adopt_orphan(s: Session, a: Attempt) -> dict[str, int]:
+    """Take into the ledger what an orphaned attempt's trainer wrote after its driver died:
+    every step of its metrics.jsonl (ingestion is idempotent) and its checkpoints, so the
+    stage's totals and the relaunch's resume point agree with the disk."""
+    run_dir = Path(a.run_dir)
+    rows, _ = report.read_metrics(run_dir)
+    steps = q.ingest_steps(s, a, rows)
+    try:
+        ckpt_dir = Path(json.loads((run_dir / "trainer.json").read_text())["run"]["checkpoint_dir"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {"steps": steps, "checkpoints": 0}
+    checkpoints = report.list_checkpoints(ckpt_dir) if ckpt_dir.is_dir() else []
+    for ck in checkpoints:
+        q.record_checkpoint(s, a.stage_run, a, step=ck["step"], tokens=ck.get("tokens") or 0, path=str(ck["path"]),
+                            complete=bool(ck["complete"]))
+    return {"steps": steps, "checkpoints": len(checkpoints)}
 
 
 def stop_orphan(run_dir: Path, site: Site) -> str:

@@ -20,6 +20,7 @@ Words (Parsl's): a *block* is one scheduler job; its nodes are the *allocation*;
 
 from __future__ import annotations
 
+import sys
 from abc import abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,15 @@ if TYPE_CHECKING:
 
 LABEL = "campaign"
 """The label of every site's Parsl executor: the engine runs its supervisor app there."""
+
+
+def interchange_command(bindir: Path) -> list[str]:
+    """How the driver starts Parsl's interchange: with this interpreter, in a process group
+    of its own, so a Ctrl-C or SIGHUP sent to the terminal's process group reaches the driver
+    (which stops the attempt and records it) and not the interchange (whose death would leave
+    the driver's futures unanswered). Parsl already starts provider blocks in their own group."""
+    start = "import os, runpy, sys; os.setpgrp(); sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+    return [sys.executable, "-c", start, str(bindir / "interchange.py")]
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 
-from campaign.executors.base import LABEL, Site
+from campaign.executors.base import LABEL, Site, interchange_command
 
 if TYPE_CHECKING:
     from parsl.config import Config
@@ -131,7 +131,7 @@ def executor(site: BatchSite, provider: ExecutionProvider) -> HighThroughputExec
     return HighThroughputExecutor(
         label=LABEL,
         # the interchange runs here (login node), with this interpreter
-        interchange_launch_cmd=[sys.executable, str(bindir / "interchange.py")],
+        interchange_launch_cmd=interchange_command(bindir),
         max_workers_per_node=1,
         cores_per_worker=1,
         heartbeat_period=10,

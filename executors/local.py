@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from campaign.executors.base import LABEL, LaunchOptions, Site
+from campaign.executors.base import LABEL, LaunchOptions, Site, interchange_command
 
 if TYPE_CHECKING:
     from parsl.config import Config
@@ -109,7 +109,7 @@ def _parsl_config(run_dir: Path) -> Config:
     worker_init = f"export PATH={bindir}:$PATH"
     executor = HighThroughputExecutor(
         label=LABEL,
-        interchange_launch_cmd=[sys.executable, str(bindir / "interchange.py")],
+        interchange_launch_cmd=interchange_command(bindir),
         address="127.0.0.1",
         max_workers_per_node=1,
         cores_per_worker=1,

@@ -78,6 +78,7 @@ def run(ctx: StageContext, stage: LongRunStage) -> Verdict:
     steps = stage.steps or ctx.steps_for_tokens(stage.tokens or 0, stage.nodes)
     ckpt = ctx.stage_dir / "checkpoints"
     outcomes: list[AttemptOutcome] = []
+    excluded: list[str] = []
     while True:
         outcome = ctx.launch(steps=steps, nodes=stage.nodes, timeout_s=stage.timeout_s, resume=True,
                              checkpoint_dir=ckpt, max_tokens=stage.tokens, watchdog=stage.watchdog,
@@ -85,12 +86,12 @@ def run(ctx: StageContext, stage: LongRunStage) -> Verdict:
                              label="" if not outcomes else f"relaunch {len(outcomes)}")
         outcomes.append(outcome)
         if stage.exclude_stragglers and outcome.report.get("stragglers"):
-            ctx.exclude_stragglers(outcome, hours=stage.exclusion_hours)
+            excluded += ctx.exclude_stragglers(outcome, hours=stage.exclusion_hours)
         stop = next_action(outcomes, stage)
         if stop is not None:
             break
         if outcome.suspects and stage.exclude_suspects and outcome.exit_class in ("stalled", "crashed_node"):
-            ctx.exclude_suspects(outcome, hours=stage.exclusion_hours)
+            excluded += ctx.exclude_suspects(outcome, hours=stage.exclusion_hours)
         resumed = _newest_complete(ckpt)
         lost = (outcome.last_step or 0) - resumed
         ctx.event("relaunch", f"relaunching after {outcome.exit_class} (exit {outcome.exit_code}"
@@ -101,7 +102,8 @@ def run(ctx: StageContext, stage: LongRunStage) -> Verdict:
             systemic = sum(1 for o in outcomes if o.exit_class == "crashed_systemic")
             time.sleep(stage.backoff_s * 2 ** (systemic - 1))
     return judge([o.as_dict() for o in outcomes], steps=steps, tokens=stage.tokens, stop=stop,
-                 max_attempts=stage.max_attempts, crash_loop=stage.crash_loop)
+                 max_attempts=stage.max_attempts, crash_loop=stage.crash_loop, carried=ctx.stage_progress(),
+                 excluded=excluded)
 
 
 def next_action(outcomes: list[AttemptOutcome], stage: LongRunStage) -> str | None:
@@ -132,12 +134,18 @@ def _newest_complete(ckpt: Any) -> int:
 
 
 def judge(attempts: list[dict[str, Any]], *, steps: int, tokens: int | None, stop: str = "done",
-          max_attempts: int = 1, crash_loop: int = 3) -> Verdict:
+          max_attempts: int = 1, crash_loop: int = 3, carried: dict[str, Any] | None = None,
+          excluded: list[str] | None = None) -> Verdict:
     """Pure verdict over the stage's attempts (oldest first); `stop` is why they ended
-    (`next_action`: done, not resumable, budget, crash loop)."""
+    (`next_action`: done, not resumable, budget, crash loop). `carried`: the stage's step,
+    tokens and loss in the ledger, which includes what earlier drivers' attempts trained (an
+    attempt resumed at its target trains no step of its own). `excluded`: the nodes the stage
+    really excluded (suspects are only named as such when nothing was excluded)."""
     last = attempts[-1]
     rows = [m for a in attempts for m in a.get("metrics", [])]
     final = max(rows, key=lambda m: m["step"]) if rows else {}
+    if carried and carried.get("step") and carried["step"] > (final.get("step") or 0):
+        final = carried
     classes = [a.get("exit_class") for a in attempts]
     numbers = {"attempts": len(attempts), "last_step": final.get("step"), "tokens": final.get("tokens"),
                "last_loss": final.get("loss"), "exit_classes": classes,
@@ -169,7 +177,9 @@ def judge(attempts: list[dict[str, Any]], *, steps: int, tokens: int | None, sto
     faults = ""
     if len(attempts) > 1:
         faults = f" after {len(attempts) - 1} relaunch(es) ({', '.join(str(c) for c in classes[:-1])})"
-        if numbers["suspects"]:
-            faults += f", excluded {', '.join(numbers['suspects'])}"
+        if excluded:
+            faults += f", excluded {', '.join(excluded)}"
+        elif numbers["suspects"]:
+            faults += f", suspected {', '.join(numbers['suspects'])} (none excluded)"
     return Verdict(True, f"reached {target} (step {final['step']}, {final['tokens']:,} tokens){faults}; "
                    f"final loss {loss:.4f}", numbers)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from e2e_helpers import Workspace, tiny_spec
+from e2e_helpers import Workspace, ledger_view, tiny_spec
 
 pytestmark = pytest.mark.slow
 
@@ -24,28 +24,6 @@ def long_run(faults: list[dict[str, Any]], **over: Any) -> dict[str, Any]:
              "backoff_s": 0, "timeout_s": 300, "watchdog": FAST_WATCHDOG, "faults": faults}
     stage.update(over)
     return stage
-
-
-def ledger_view(ws: Workspace, name: str) -> dict[str, Any]:
-    """Attempts, exclusions and events of the campaign, read from the ledger."""
-    from campaign.ledger import queries as q
-
-    ledger = ws.ledger()
-    try:
-        with ledger.session() as s:
-            c = q.get_campaign(s, name)
-            assert c is not None
-            run = q.current_stage_runs(s, c)[0]
-            attempts = [{"state": a.state, "exit_code": a.exit_code, "nodes": a.nodes, "first_step": a.first_step,
-                         "last_step": a.last_step, "suspects": a.suspects, "summary": a.summary,
-                         "steps": [(m.step, m.tokens) for m in q.list_steps(s, a.id)]} for a in run.attempts]
-            exclusions = [{"node": e.node, "reason": e.reason, "evidence": e.evidence, "expires": e.expires}
-                          for e in q.list_exclusions(s, "local")]
-            events = [(e.kind, e.message) for e in q.list_events(s, c)]
-            return {"attempts": attempts, "exclusions": exclusions, "events": events, "stage": run.state,
-                    "verdict": run.verdict, "tokens": run.tokens}
-    finally:
-        ledger.close()
 
 
 def check_recovered(view: dict[str, Any], bad: str, first_class: str) -> None:

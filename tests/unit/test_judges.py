@@ -130,8 +130,23 @@ class TestLongRun:
 
     def test_reached_after_a_relaunch(self) -> None:
         a = [self.attempt(124, "stalled", range(1, 26), suspects=[{"node": "n1"}]), self.attempt(0, "succeeded", range(21, 41))]
-        v = long_run.judge(a, steps=40, tokens=None)
+        v = long_run.judge(a, steps=40, tokens=None, excluded=["n1"])
         assert v.passed and "after 1 relaunch(es) (stalled), excluded n1" in v.reason
+
+    def test_a_suspect_that_was_not_excluded_is_not_called_excluded(self) -> None:
+        a = [self.attempt(124, "stalled", range(1, 26), suspects=[{"node": "n1"}]), self.attempt(0, "succeeded", range(21, 41))]
+        v = long_run.judge(a, steps=40, tokens=None, excluded=[])
+        assert v.passed and "excluded n1" not in v.reason and "suspected n1 (none excluded)" in v.reason
+
+    def test_an_attempt_resumed_at_its_target_passes_on_what_the_ledger_carried(self) -> None:
+        """A driver died while its trainer reached the target; the orphan's rows were adopted,
+        the relaunch loads the final checkpoint and trains no step of its own."""
+        v = long_run.judge([self.attempt(0, "succeeded", range(0))], steps=40, tokens=4000,
+                           carried={"step": 40, "tokens": 4000, "loss": 1.5})
+        assert v.passed and "step 40, 4,000 tokens" in v.reason
+        short = long_run.judge([self.attempt(0, "succeeded", range(0))], steps=40, tokens=4000,
+                               carried={"step": 30, "tokens": 3000, "loss": 1.5})
+        assert not short.passed and "short of the target" in short.reason
 
     def test_budget_spent(self) -> None:
         a = [self.attempt(1, "crashed_node", range(1, 5))] * 3

@@ -1,0 +1,136 @@
+"""What the driver promises when it is itself the thing that fails (issue 13): signals from
+the terminal, a driver killed while its trainer goes on, and a new version of a campaign.
+Real processes throughout: the CLI driver in its own session (like a login shell), Parsl
+HTEX on the local site, gloo training on virtual nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e_helpers import Workspace, ledger_view, tiny_spec
+
+pytestmark = pytest.mark.slow
+
+WATCHDOG = {"startup_s": 120, "step_factor": 3, "floor_s": 4, "heartbeat_stale_s": 5}
+
+
+def long_run(**over: Any) -> dict[str, Any]:
+    stage = {"name": "long", "kind": "long_run", "nodes": 2, "steps": 400, "checkpoint_every": 20,
+             "max_attempts": 3, "backoff_s": 0, "timeout_s": 300, "watchdog": WATCHDOG}
+    stage.update(over)
+    return stage
+
+
+def wait_for_steps(metrics: Path, n: int, timeout: float = 180) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < n):
+        time.sleep(0.2)
+    assert metrics.exists() and len(metrics.read_text().splitlines()) >= n, f"{metrics} never reached {n} steps"
+
+
+def processes_naming(text: str) -> list[str]:
+    return subprocess.run(["pgrep", "-f", text], capture_output=True, text=True).stdout.split()
+
+
+def trainers_of(run_dir: Path) -> list[int]:
+    """Live processes whose environment names this attempt's run directory."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if f"CAMPAIGN_RUN_DIR={run_dir}".encode() in (proc / "environ").read_bytes():
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+def test_a_signal_to_the_terminals_process_group_stops_cleanly(ws: Workspace, sig: signal.Signals) -> None:
+    """Ctrl-C (SIGINT to the whole foreground process group) or a closed ssh session (SIGHUP):
+    the driver stops the attempt, records the campaign cancelled and exits 130; Parsl's
+    interchange, which has its own process group, is not killed under it (before, it died
+    and the driver waited forever on its future)."""
+    name = f"sig{sig.value}"
+    spec = ws.write_spec(tiny_spec(name, [long_run()]))
+    p = ws.popen("submit", str(spec))
+    run_dir = ws.workdir / name / "long" / "attempt-001"
+    wait_for_steps(run_dir / "metrics.jsonl", 10)
+    os.killpg(p.pid, sig)
+    try:
+        out, _ = p.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        pytest.fail("the driver did not exit within 90 s of the signal")
+    assert p.returncode == 130, out
+    assert ws.status(name)["state"] == "cancelled"
+    assert trainers_of(run_dir) == [], "no trainer outlives a cancelled driver"
+    assert processes_naming(str(ws.workdir / name / "parsl")) == [], "Parsl's processes ended with the driver"
+
+
+def test_a_trainer_that_finishes_after_its_driver_died_is_adopted_by_resume(ws: Workspace) -> None:
+    """kill -9 of the driver while the trainer goes on to the target: `resume` takes the
+    orphan's steps and checkpoints into the ledger, and the relaunch (which resumes at the
+    target and trains nothing) passes on them. Before: "short of the target" forever, and
+    the ledger held a fraction of the trained tokens."""
+    spec = ws.write_spec(tiny_spec("adopt", [long_run(steps=120)]))
+    p = ws.popen("submit", str(spec))
+    run_dir = ws.workdir / "adopt" / "long" / "attempt-001"
+    wait_for_steps(run_dir / "metrics.jsonl", 10)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    wait_for_steps(run_dir / "metrics.jsonl", 120, timeout=240)  # the orphan trains on to the target
+    deadline = time.time() + 60
+    while trainers_of(run_dir) and time.time() < deadline:
+        time.sleep(0.5)
+    r = ws.cli("resume", "adopt")
+    assert r.code == 0, r.out + r.err
+    view = ledger_view(ws, "adopt")
+    orphan = view["attempts"][0]
+    assert orphan["state"] == "orphaned" and orphan["last_step"] == 120
+    assert [s for s, _ in orphan["steps"]] == list(range(1, 121)), "every step the orphan trained is in the ledger"
+    tokens_at_target = orphan["steps"][-1][1]
+    assert view["stage"] == "passed" and view["tokens"] == tokens_at_target
+    assert orphan["summary"]["adopted"]["checkpoints"] >= 1  # the trainer keeps its newest few
+
+
+def test_a_new_version_trains_in_its_own_directories(ws: Workspace) -> None:
+    """v2 of a campaign never resumes v1's checkpoints or reuses its run directories."""
+    first = ws.write_spec(tiny_spec("versions", [long_run(steps=40)]))
+    assert ws.cli("submit", str(first)).code == 0
+    second = ws.write_spec(tiny_spec("versions", [long_run(steps=30)]), name="v2.yaml")
+    r = ws.cli("submit", str(second), "--new-version")
+    assert r.code == 0, r.out + r.err
+    v2 = ws.workdir / "versions" / "v2" / "long" / "attempt-001"
+    assert (v2 / "metrics.jsonl").exists(), "v2's attempts live under versions/v2/"
+    first_step = int(json.loads((v2 / "metrics.jsonl").read_text().splitlines()[0])["step"])
+    assert first_step == 1, "v2 started from scratch, not from v1's step-40 checkpoint"
+    assert sorted(p.name for p in (ws.workdir / "versions" / "long").glob("attempt-*")) == ["attempt-001"]
+
+
+def test_the_interchange_dying_under_an_attempt_does_not_hang_the_driver(ws: Workspace) -> None:
+    """Before, the driver waited forever on a future nobody would answer. Now it notices,
+    stops the job, loads Parsl again and the long run finishes."""
+    spec = ws.write_spec(tiny_spec("lostxchg", [long_run(steps=80)]))
+    p = ws.popen("submit", str(spec))
+    run_dir = ws.workdir / "lostxchg" / "long" / "attempt-001"
+    wait_for_steps(run_dir / "metrics.jsonl", 10)
+    interchange = json.loads((ws.workdir / "lostxchg" / "driver.json").read_text())["interchange_pid"]
+    os.kill(interchange, signal.SIGKILL)
+    try:
+        out, _ = p.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        pytest.fail("the driver hung after its Parsl interchange died")
+    assert p.returncode == 0, out
+    view = ledger_view(ws, "lostxchg")
+    assert view["stage"] == "passed"
+    assert any(k == "block_restarted" and "interchange exited" in m for k, m in view["events"]), view["events"]
