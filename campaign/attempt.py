@@ -28,6 +28,7 @@ from pydantic import Field
 
 from campaign import reference, report
 from campaign.ledger import queries as q
+from campaign.ledger.db import transient
 from campaign.ledger.models import Attempt, StageRun, utcnow
 from campaign.stagebase import StrictModel
 from campaign.watchdog import WatchdogPolicy
@@ -245,11 +246,12 @@ class StageContext:
 
     def event(self, kind: str, message: str, *, attempt_id: int | None = None, data: dict[str, Any] | None = None) -> None:
         """Record an event in the ledger and show it."""
-        with self.ledger.session() as s:
-            run = s.get(StageRun, self.run.id)
-            assert run is not None
-            a = s.get(Attempt, attempt_id) if attempt_id else None
-            q.add_event(s, run.campaign, kind, message, stage_run=run, attempt=a, data=data)
+        for unit in self.engine.writes("recording an event"):
+            with unit as s:
+                run = s.get(StageRun, self.run.id)
+                assert run is not None
+                a = s.get(Attempt, attempt_id) if attempt_id else None
+                q.add_event(s, run.campaign, kind, message, stage_run=run, attempt=a, data=data)
         self.engine.progress.event(message)
 
     def exclude_suspects(self, outcome: AttemptOutcome, *, hours: float | None) -> list[str]:
@@ -264,18 +266,19 @@ class StageContext:
 
     def _exclude(self, outcome: AttemptOutcome, suspects: list[dict[str, Any]], hours: float | None) -> list[str]:
         expires = utcnow() + dt.timedelta(hours=hours) if hours else None
-        names = []
-        with self.ledger.session() as s:
-            a = s.get(Attempt, outcome.attempt_id)
-            assert a is not None
-            for sus in suspects:
-                evidence = {**sus.get("evidence", {}), "attempt": outcome.number, "exit_class": outcome.exit_class,
-                            "stall": outcome.report.get("stall")}
-                q.exclude_node(s, site=self.engine.site_name, node=sus["node"], reason=sus["reason"],
-                               evidence=evidence, attempt=a, expires=expires)
-                q.add_event(s, a.stage_run.campaign, "node_excluded", f"excluded {sus['node']}: {sus['reason']}",
-                            stage_run=a.stage_run, attempt=a, data={"node": sus["node"], "evidence": evidence})
-                names.append(sus["node"])
+        for unit in self.engine.writes("recording exclusions"):
+            with unit as s:
+                names = []
+                a = s.get(Attempt, outcome.attempt_id)
+                assert a is not None
+                for sus in suspects:
+                    evidence = {**sus.get("evidence", {}), "attempt": outcome.number, "exit_class": outcome.exit_class,
+                                "stall": outcome.report.get("stall")}
+                    q.exclude_node(s, site=self.engine.site_name, node=sus["node"], reason=sus["reason"],
+                                   evidence=evidence, attempt=a, expires=expires)
+                    q.add_event(s, a.stage_run.campaign, "node_excluded", f"excluded {sus['node']}: {sus['reason']}",
+                                stage_run=a.stage_run, attempt=a, data={"node": sus["node"], "evidence": evidence})
+                    names.append(sus["node"])
         for sus in suspects:
             self.engine.progress.event(f"excluded {sus['node']}: {sus['reason']}")
         return names
@@ -297,14 +300,15 @@ class StageContext:
         self.engine.check_cancel()
         n = nodes or self.spec.site.nodes
         ckpt = checkpoint_dir or self.stage_dir / "checkpoints"
-        with self.ledger.session() as s:
-            run = s.get(StageRun, self.run.id)
-            assert run is not None
-            a = q.create_attempt(s, run, nodes=[], ranks_per_node=self.spec.site.ranks_per_node, run_dir="",
-                                 label=label, tokens_base=_tokens_base(run, resume))
-            a.run_dir = str(self.stage_dir / f"attempt-{a.number:03d}")
-            number, attempt_id = a.number, a.id
-            excluded = sorted({e.node for e in q.list_exclusions(s, self.engine.site_name)})
+        for unit in self.engine.writes("recording a new attempt"):
+            with unit as s:
+                run = s.get(StageRun, self.run.id)
+                assert run is not None
+                a = q.create_attempt(s, run, nodes=[], ranks_per_node=self.spec.site.ranks_per_node, run_dir="",
+                                     label=label, tokens_base=_tokens_base(run, resume))
+                a.run_dir = str(self.stage_dir / f"attempt-{a.number:03d}")
+                number, attempt_id = a.number, a.id
+                excluded = sorted({e.node for e in q.list_exclusions(s, self.engine.site_name)})
         run_dir = self.stage_dir / f"attempt-{number:03d}"
         run_dir.mkdir(parents=True, exist_ok=True)
         trainer = self.spec.trainer.model_copy(update=train or {})
@@ -358,27 +362,37 @@ class StageContext:
             return _app_failure(e, run_dir), offset
 
     def _ingest(self, attempt_id: int, run_dir: Path, offset: int, steps: int) -> int:
+        """Ingest metrics.jsonl from `offset`; returns the offset to go on from. While the
+        ledger does not answer, the offset stays: the rows are ingested at a later tick
+        (metrics.jsonl is the buffer), and the attempt goes on."""
         rows, new_offset = report.read_metrics(run_dir, offset)
         if rows:
-            with self.ledger.session() as s:
-                a = s.get(Attempt, attempt_id)
-                assert a is not None
-                q.ingest_steps(s, a, rows)
+            try:
+                with self.ledger.session() as s:
+                    a = s.get(Attempt, attempt_id)
+                    assert a is not None
+                    q.ingest_steps(s, a, rows)
+            except Exception as e:
+                if not transient(e):
+                    raise
+                self.engine.ledger_unreachable(e)
+                return offset
             self.engine.progress.steps(self.run.name, rows[-1], steps)
         return new_offset
 
     def _finish(self, attempt_id: int, number: int, run_dir: Path, rep: dict[str, Any], ckpt: Path) -> AttemptOutcome:
         metrics, _ = report.read_metrics(run_dir)
         checkpoints = report.list_checkpoints(ckpt) if ckpt.exists() else []
-        with self.ledger.session() as s:
-            a = s.get(Attempt, attempt_id)
-            assert a is not None
-            a.nodes = list(rep.get("nodes") or [])
-            for ck in checkpoints:
-                q.record_checkpoint(s, a.stage_run, a, step=ck["step"], tokens=ck.get("tokens") or 0,
-                                    path=str(ck["path"]), complete=bool(ck["complete"]))
-            q.finish_attempt(s, a, state=rep["exit_class"], exit_code=rep["exit_code"],
-                             suspects=rep.get("suspects", []), summary=_summary(rep))
+        for unit in self.engine.writes("recording the attempt's end"):
+            with unit as s:
+                a = s.get(Attempt, attempt_id)
+                assert a is not None
+                a.nodes = list(rep.get("nodes") or [])
+                for ck in checkpoints:
+                    q.record_checkpoint(s, a.stage_run, a, step=ck["step"], tokens=ck.get("tokens") or 0,
+                                        path=str(ck["path"]), complete=bool(ck["complete"]))
+                q.finish_attempt(s, a, state=rep["exit_class"], exit_code=rep["exit_code"],
+                                 suspects=rep.get("suspects", []), summary=_summary(rep))
         self.engine.progress.attempt_finished(self.run.name, number, rep)
         for st in rep.get("stragglers") or []:
             self.event("straggler", f"straggler {st['node']}: computes {st['ratio']:.1f}x as long per step as the "

@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import socket
+import time
 import traceback
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -69,6 +70,7 @@ class Engine:
         self._dfk: Any = None
         self._restarted = False
         self.lease_lost: str | None = None
+        self._outage_said = -1e9
 
     # --- campaign -----------------------------------------------------------------------
 
@@ -118,11 +120,12 @@ class Engine:
             lease.release()
 
     def _drive(self) -> int:
-        with self.ledger.session() as s:
-            c = s.get(Campaign, self.campaign_id)
-            assert c is not None
-            runs = q.current_stage_runs(s, c)
-            q.set_campaign_state(s, c, "running")
+        for unit in self.writes("starting the campaign"):
+            with unit as s:
+                c = s.get(Campaign, self.campaign_id)
+                assert c is not None
+                runs = q.current_stage_runs(s, c)
+                q.set_campaign_state(s, c, "running")
         self.progress.campaign_started(self.spec.name, self.ledger.display_url, len(runs))
         todo = [(r, st) for r, st in zip(runs, self.spec.stages) if r.state != "passed"]
         for run in runs:
@@ -145,6 +148,20 @@ class Engine:
             verdict = self.run_stage(run, stage)
             if not verdict.passed and not stage.continue_on_failure:
                 failed = run.name
+
+    # --- ledger writes that outlive an outage ----------------------------------------------
+
+    def writes(self, what: str) -> Iterator[Any]:
+        """Units of work for one ledger write, retried through an outage (`Ledger.retrying`)."""
+        return self.ledger.retrying(what, warn=self.progress.event)
+
+    def ledger_unreachable(self, error: BaseException) -> None:
+        """A write that can wait (metrics ingestion) found the ledger unreachable: say so once a minute."""
+        now = time.monotonic()
+        if now - self._outage_said > 60:
+            self._outage_said = now
+            self.progress.event(f"the ledger is not answering ({str(error).splitlines()[0][:160]}); the trainer "
+                                "goes on and its metrics are ingested once it answers")
 
     # --- attempts and the block lifecycle ------------------------------------------------
 
@@ -213,10 +230,11 @@ class Engine:
             return False
         self._restarted = True
         message = f"the block is gone; loading Parsl again for a new block ({why.splitlines()[0][:200]})"
-        with self.ledger.session() as s:
-            c = s.get(Campaign, self.campaign_id)
-            assert c is not None
-            q.add_event(s, c, "block_restarted", message)
+        for unit in self.writes("recording a block restart"):
+            with unit as s:
+                c = s.get(Campaign, self.campaign_id)
+                assert c is not None
+                q.add_event(s, c, "block_restarted", message)
         self.progress.event(message)
         self._unload_parsl()
         self._load_parsl(self.spec.site)
@@ -230,10 +248,11 @@ class Engine:
             return False
         message = (f"spares spent ({len(excluded)} node(s) excluded): asking the provider for a new block of "
                    f"{new_site.block_nodes} node(s)")
-        with self.ledger.session() as s:
-            c = s.get(Campaign, self.campaign_id)
-            assert c is not None
-            q.add_event(s, c, "block_renewed", message, data={"excluded": excluded})
+        for unit in self.writes("recording a block renewal"):
+            with unit as s:
+                c = s.get(Campaign, self.campaign_id)
+                assert c is not None
+                q.add_event(s, c, "block_renewed", message, data={"excluded": excluded})
         self.progress.event(message)
         self._unload_parsl()
         self._load_parsl(new_site)
@@ -261,22 +280,24 @@ class Engine:
 
     def _set_stage(self, run: StageRun, state: str, verdict: str | None = None,
                    numbers: dict[str, Any] | None = None) -> None:
-        with self.ledger.session() as s:
-            r = s.get(StageRun, run.id)
-            assert r is not None
-            q.set_stage_state(s, r, state, verdict=verdict, numbers=numbers)
+        for unit in self.writes("recording the stage's state"):
+            with unit as s:
+                r = s.get(StageRun, run.id)
+                assert r is not None
+                q.set_stage_state(s, r, state, verdict=verdict, numbers=numbers)
         run.state = state
 
     def _finish_campaign(self, *, cancelled: bool = False) -> int:
-        with self.ledger.session() as s:
-            c = s.get(Campaign, self.campaign_id)
-            assert c is not None
-            runs = q.current_stage_runs(s, c)
-            ok = all(r.state == "passed" or (r.state == "failed" and self.spec.stage(r.name).continue_on_failure)
-                     for r in runs)
-            state = "cancelled" if cancelled else "succeeded" if ok else "failed"
-            q.set_campaign_state(s, c, state)
-            summary = q.summarize_campaign(s, c)
+        for unit in self.writes("recording the campaign's end"):
+            with unit as s:
+                c = s.get(Campaign, self.campaign_id)
+                assert c is not None
+                runs = q.current_stage_runs(s, c)
+                ok = all(r.state == "passed" or (r.state == "failed" and self.spec.stage(r.name).continue_on_failure)
+                         for r in runs)
+                state = "cancelled" if cancelled else "succeeded" if ok else "failed"
+                q.set_campaign_state(s, c, state)
+                summary = q.summarize_campaign(s, c)
         self.progress.campaign_finished(summary)
         return EXIT_CANCELLED if cancelled else 0 if ok else 1
 

@@ -65,21 +65,28 @@ def recover_orphans(ledger: Ledger, campaign_id: int, site: Site, say: Callable[
     """Attempts a crashed driver left open: stop their jobs, record them `orphaned` (their
     stage goes back to pending). Returns how many were recovered."""
     count = 0
-    with ledger.session() as s:
-        c = s.get(Campaign, campaign_id)
-        assert c is not None
-        for a in q.list_open_attempts(s, c):
-            stopped = stop_orphan(Path(a.run_dir), site)
-            adopted = adopt_orphan(s, a)
-            q.finish_attempt(s, a, state="orphaned", exit_code=None, suspects=[],
-                             summary={**(a.summary or {}), "recovery": stopped, "adopted": adopted})
-            q.add_event(s, c, "attempt_orphaned", f"stage {a.stage_run.name} attempt {a.number} was left running "
-                        f"by a driver that died; {stopped}", stage_run=a.stage_run, attempt=a)
-            if a.stage_run.state == "running":
-                a.stage_run.state = "pending"
-            say(f"recovered stage {a.stage_run.name} attempt {a.number}: {stopped}; adopted {adopted['steps']} "
-                f"step(s) to step {a.last_step} and {adopted['checkpoints']} checkpoint(s) it wrote")
-            count += 1
+    for unit in ledger.retrying("recovering orphaned attempts", warn=say):
+        with unit as s:
+            count = _recover(s, campaign_id, site, say)
+    return count
+
+
+def _recover(s: Session, campaign_id: int, site: Site, say: Callable[[str], None]) -> int:
+    c = s.get(Campaign, campaign_id)
+    assert c is not None
+    count = 0
+    for a in q.list_open_attempts(s, c):
+        stopped = stop_orphan(Path(a.run_dir), site)
+        adopted = adopt_orphan(s, a)
+        q.finish_attempt(s, a, state="orphaned", exit_code=None, suspects=[],
+                         summary={**(a.summary or {}), "recovery": stopped, "adopted": adopted})
+        q.add_event(s, c, "attempt_orphaned", f"stage {a.stage_run.name} attempt {a.number} was left running "
+                    f"by a driver that died; {stopped}", stage_run=a.stage_run, attempt=a)
+        if a.stage_run.state == "running":
+            a.stage_run.state = "pending"
+        say(f"recovered stage {a.stage_run.name} attempt {a.number}: {stopped}; adopted {adopted['steps']} "
+            f"step(s) to step {a.last_step} and {adopted['checkpoints']} checkpoint(s) it wrote")
+        count += 1
     return count
 
 

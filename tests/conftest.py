@@ -69,15 +69,26 @@ class _PgDatabases:
         self.admin = admin
         self.names: list[str] = []
 
+    def _execute(self, sql: str, params: Any = None) -> None:
+        """Run admin SQL; reconnect once if the server restarted under the connection (the
+        ledger outage test restarts PostgreSQL for real)."""
+        import psycopg
+
+        try:
+            self.admin.execute(sql, params)
+        except psycopg.OperationalError:
+            self.admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=10)
+            self.admin.execute(sql, params)
+
     def create(self) -> str:
         name = f"campaign_test_{secrets.token_hex(6)}"
-        self.admin.execute(f'CREATE DATABASE "{name}"')
+        self._execute(f'CREATE DATABASE "{name}"')
         self.names.append(name)
         return _admin_base().set(database=name).render_as_string(hide_password=False)
 
     def drop(self, url: str) -> None:
         name = self._disconnect(url)
-        self.admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        self._execute(f'DROP DATABASE IF EXISTS "{name}"')
         self.names.remove(name)
 
     def empty(self, url: str) -> None:
@@ -91,8 +102,8 @@ class _PgDatabases:
 
     def _disconnect(self, url: str) -> str:
         name = self._name(url)
-        self.admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                           "WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+        self._execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                      "WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
         return name
 
     @staticmethod

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,56 @@ def make_engine(url: str) -> sa.Engine:
                           "the ledger is SQLite (sqlite:///path/ledger.db) or Postgres (postgresql://host/db)") from None
 
 
+OUTAGE_S = float(os.environ.get("CAMPAIGN_LEDGER_OUTAGE_S", "600"))
+"""How long the driver keeps retrying a ledger write through an outage before it gives up."""
+_TRANSIENT = ("database is locked", "could not connect", "connection refused", "server closed the connection",
+              "terminating connection", "connection is closed", "connection already closed", "the database system is",
+              "consuming input failed", "ssl syscall", "connection timed out", "no connection to the server")
+
+
+def transient(e: BaseException) -> bool:
+    """Whether a database error is an outage that a retry can outlive (a Postgres restart, a
+    dropped connection, a SQLite write lock held by someone else), not a bug or bad data."""
+    if isinstance(e, sa.exc.DBAPIError) and e.connection_invalidated:
+        return True
+    # SQLAlchemy's wrappers, or the driver's own (PEP 249 names them so) where a fast path
+    # uses the DBAPI cursor directly (step ingestion).
+    names = {k.__name__ for k in type(e).__mro__}
+    if not names & {"OperationalError", "InterfaceError"}:
+        return False
+    text = str(e.orig if isinstance(e, sa.exc.DBAPIError) else e).lower()
+    return any(t in text for t in _TRANSIENT)
+
+
+class _Try:
+    """One try of a unit of work (see `Ledger.retrying`): a session that commits, and
+    swallows a transient error so the loop can try again."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger, self.ok, self.error = ledger, False, None
+        self._cm: Any = None
+
+    def __enter__(self) -> Session:
+        self._cm = self.ledger.session()  # a Session connects lazily: opening it cannot fail
+        return self._cm.__enter__()  # type: ignore[no-any-return]
+
+    def __exit__(self, kind: Any, value: Any, tb: Any) -> bool:
+        try:
+            self._cm.__exit__(kind, value, tb)  # commits, or rolls back and re-raises
+        except Exception as e:
+            if not transient(e):
+                raise
+            self.error = e
+            return True
+        if value is None:
+            self.ok = True
+            return False
+        if isinstance(value, Exception) and transient(value):  # rolled back above: try again
+            self.error = value
+            return True
+        return False
+
+
 @dataclass
 class Ledger:
     """An open ledger: its URL, engine and session factory."""
@@ -71,6 +122,36 @@ class Ledger:
     url: str
     engine: sa.Engine
     _factory: sessionmaker[Session]
+
+    def retrying(self, what: str, *, outage_s: float | None = None,
+                 warn: Callable[[str], None] | None = None) -> Iterator[_Try]:
+        """A unit of work that outlives a ledger outage (the driver's writes use it):
+
+            for unit in ledger.retrying("recording the attempt"):
+                with unit as s:
+                    ...                      # re-run from the start after a transient error
+
+        Retries with backoff (0.25 s doubling to 5 s) for up to `outage_s` (default OUTAGE_S),
+        telling `warn` once; then raises LedgerError naming the ledger and what was being done.
+        A non-transient error is raised at once. Nothing is lost meanwhile: the trainer's
+        metrics.jsonl is the source, ingested again once the ledger answers."""
+        limit = OUTAGE_S if outage_s is None else outage_s
+        start, delay, told = time.monotonic(), 0.25, False
+        while True:
+            unit = _Try(self)
+            yield unit
+            if unit.ok:
+                return
+            waited = time.monotonic() - start
+            if waited > limit:
+                raise LedgerError(f"the ledger at {self.display_url} did not answer for {waited:.0f} s while "
+                                  f"{what}: {unit.error}")
+            if warn is not None and not told:
+                warn(f"the ledger is not answering ({str(unit.error).splitlines()[0][:160]}); retrying for up to "
+                     f"{limit:.0f} s while {what}")
+                told = True
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Session]:

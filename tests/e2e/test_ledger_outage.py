@@ -1,0 +1,98 @@
+"""Ledger outages under a running campaign (issue 13, item 3): the driver outlives them and
+no row the trainer reported is lost. Both are real: PostgreSQL is stopped and started with
+its own cluster tool, and another connection holds SQLite's write lock."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e_helpers import Workspace, tiny_spec
+
+pytestmark = pytest.mark.slow
+
+STEPS = 150
+
+
+def long_run() -> dict[str, Any]:
+    return {"name": "long", "kind": "long_run", "nodes": 2, "steps": STEPS, "checkpoint_every": 50,
+            "max_attempts": 2, "timeout_s": 300,
+            "watchdog": {"startup_s": 120, "step_factor": 3, "floor_s": 4, "heartbeat_stale_s": 5}}
+
+
+def run_through(ws: Workspace, name: str, outage: Callable[[], None], **env: str) -> tuple[int, str]:
+    spec = ws.write_spec(tiny_spec(name, [long_run()]))
+    p = ws.popen("submit", str(spec), **env)
+    metrics = ws.workdir / name / "long" / "attempt-001" / "metrics.jsonl"
+    deadline = time.time() + 180
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 10):
+        time.sleep(0.2)
+    assert metrics.exists(), "the long run never started"
+    outage()
+    try:
+        out, _ = p.communicate(timeout=400)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        pytest.fail("the driver did not finish after the outage")
+    return p.returncode, out
+
+
+def rows_in_ledger(url: str, name: str) -> tuple[int, int]:
+    """(step rows of the campaign in the ledger, steps reported in every metrics.jsonl)."""
+    from campaign.ledger import open_ledger
+    from campaign.ledger import queries as q
+
+    ledger = open_ledger(url, create=False)
+    try:
+        with ledger.session() as s:
+            c = q.get_campaign(s, name)
+            assert c is not None
+            attempts = [a for _, a in q.list_attempts(s, c)]
+            stored = sum(len(q.list_steps(s, a.id)) for a in attempts)
+            reported = sum(len(Path(a.run_dir, "metrics.jsonl").read_text().splitlines()) for a in attempts)
+            return stored, reported
+    finally:
+        ledger.close()
+
+
+def test_a_held_sqlite_write_lock_of_15_s_loses_nothing(ws: Workspace) -> None:
+    db = ws.workdir / "ledger.db"
+
+    def hold_lock() -> None:
+        con = sqlite3.connect(db, isolation_level=None, timeout=30)
+        con.execute("BEGIN EXCLUSIVE")  # someone's long write (a backup, an import) holds the lock
+        time.sleep(15)
+        con.execute("COMMIT")
+        con.close()
+
+    code, out = run_through(ws, "locked", hold_lock)
+    assert code == 0, out
+    assert "the ledger is not answering" in out, "the user is told about the outage"
+    stored, reported = rows_in_ledger(f"sqlite:///{db}", "locked")
+    assert stored == reported >= STEPS, "every step the trainer reported is in the ledger"
+
+
+def test_a_postgres_restart_loses_nothing(ws: Workspace, new_pg_url: Callable[[], str]) -> None:
+    ctl = shutil.which("pg_ctlcluster")
+    assert ctl, "PostgreSQL's pg_ctlcluster is needed to restart the server (Debian postgresql-common)"
+    version = sorted(os.listdir("/etc/postgresql"))[-1]
+    url = new_pg_url()
+
+    def restart() -> None:
+        subprocess.run([ctl, "--skip-systemctl-redirect", version, "main", "stop", "-m", "fast"], check=True)
+        time.sleep(3)  # the driver writes into a refused connection meanwhile
+        subprocess.run([ctl, "--skip-systemctl-redirect", version, "main", "start"], check=True)
+
+    code, out = run_through(ws, "pgrestart", restart, CAMPAIGN_DB_URL=url)
+    assert code == 0, out
+    stored, reported = rows_in_ledger(url, "pgrestart")
+    assert stored == reported >= STEPS, "every step the trainer reported is in the ledger"
