@@ -123,7 +123,19 @@ def stop_orphan(run_dir: Path, site: Site) -> str:
     if pids.get("host") != socket.gethostname():
         return f"job ran on {pids.get('host')}; STOP file written for its supervisor"
     killed = [pgid for pgid in pids.get("pgids", []) if _kill_group(pgid, run_dir)]
+    _remove_node_local(run_dir, str(pids.get("attempt", "")))
     return f"killed {len(killed)} process group(s)" if killed else "its processes had already exited"
+
+
+def _remove_node_local(run_dir: Path, attempt: str) -> None:
+    """What the killed ranks left on this host's node-local storage (/dev/shm/campaign-*):
+    a clean exit or the supervisor removes it, a killed supervisor cannot."""
+    try:
+        nodes = (run_dir / "hostfile").read_text().split()
+    except OSError:
+        return
+    for node in nodes:
+        report.remove_node_local(run_dir, node, attempt)
 
 
 def _cmdline(pid: int) -> bytes:

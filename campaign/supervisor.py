@@ -238,7 +238,8 @@ def _start(request: AttemptRequest, hosts: list[str]) -> tuple[_Job, list[str], 
         procs = [(-1, "", p)]
     block_job = os.environ.get("PBS_JOBID") or os.environ.get("SLURM_JOB_ID")
     report.write_json_atomic(run_dir / PIDS_FILE, {"host": socket.gethostname(), "pgids": [p.pid for _, _, p in procs],
-                                                   "launcher": request.launcher, "block_job_id": block_job})
+                                                   "launcher": request.launcher, "block_job_id": block_job,
+                                                   "attempt": request.attempt})
     return _Job(procs), command, launchers.render(request.launcher, plan)
 
 

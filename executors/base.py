@@ -36,12 +36,9 @@ LABEL = "campaign"
 
 
 def interchange_command(bindir: Path) -> list[str]:
-    """How the driver starts Parsl's interchange: with this interpreter, in a process group
-    of its own, so a Ctrl-C or SIGHUP sent to the terminal's process group reaches the driver
-    (which stops the attempt and records it) and not the interchange (whose death would leave
-    the driver's futures unanswered). Parsl already starts provider blocks in their own group."""
-    start = "import os, runpy, sys; os.setpgrp(); sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
-    return [sys.executable, "-c", start, str(bindir / "interchange.py")]
+    """How the driver starts Parsl's interchange: with this interpreter, through
+    `campaign.executors.parsl_interchange` (its own process group; it exits with the driver)."""
+    return [sys.executable, "-m", "campaign.executors.parsl_interchange", str(bindir / "interchange.py")]
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,11 @@ def test_a_trainer_that_finishes_after_its_driver_died_is_adopted_by_resume(ws: 
     deadline = time.time() + 60
     while trainers_of(run_dir) and time.time() < deadline:
         time.sleep(0.5)
+    parsl_dir = str(ws.workdir / "adopt" / "parsl")
+    deadline = time.time() + 90  # the interchange exits with its driver; the workers when it stops answering
+    while processes_naming(parsl_dir) and time.time() < deadline:
+        time.sleep(1)
+    assert processes_naming(parsl_dir) == [], "no Parsl process outlives its driver (it would hold the block)"
     r = ws.cli("resume", "adopt")
     assert r.code == 0, r.out + r.err
     view = ledger_view(ws, "adopt")

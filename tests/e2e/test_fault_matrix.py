@@ -155,6 +155,11 @@ def test_kill_9_of_the_driver_then_resume_completes(ws: Workspace) -> None:
     left = subprocess.run(["pgrep", "-f", parsl_dir], capture_output=True, text=True).stdout.split()
     assert left == [], "the dead driver's Parsl interchange and workers were stopped"
     assert "Parsl process(es) a dead driver left running" in r.out
+    from campaign.report import _node_local_dir
+
+    first = ws.workdir / "crashme" / "long" / "attempt-001"
+    left_shm = [n for n in orphan["nodes"] or ["local-n0", "local-n1"] if _node_local_dir(str(first), n, "1").exists()]
+    assert left_shm == [], "the killed ranks' node-local heartbeat folders were removed"
 
 
 def test_straggler_is_reported_with_its_ratio_and_not_excluded_by_default(ws: Workspace) -> None:
