@@ -356,3 +356,16 @@ def test_exclusion_budget(suspects: list[Suspect], already: int, per_attempt: in
 def test_exclusion_budget_takes_report_dicts() -> None:
     b = exclusion_budget([{"node": "n9", "reason": "r", "evidence": {"rank": 1}}], already_excluded=0)
     assert b.exclude == (Suspect("n9", "r", {"rank": 1}),) and b.reason == "excluding n9"
+
+
+# --- exit classes of findings (campaign.exits) ---------------------------------------------
+@pytest.mark.parametrize(("code", "kind", "cls"), [
+    (1, "node", "crashed_node"), (137, "node", "crashed_node"), (1, "systemic", "crashed_systemic"),
+    (1, "unknown", "crashed_unknown"), (127, "node", "crashed_systemic"), (93, "systemic", "config_error"),
+    (94, "systemic", "diverged"), (124, "node", "stalled"), (143, "unknown", "walltime"), (0, "unknown", "succeeded"),
+])
+def test_classify_finding(code: int, kind: str, cls: str) -> None:
+    from campaign import exits
+
+    assert exits.classify_finding(code, kind) == cls and cls in exits.CLASSES
+    assert "crashed_unknown" in exits.CONFIRM_ONCE and "crashed_unknown" not in exits.RESUMABLE
