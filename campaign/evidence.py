@@ -39,7 +39,8 @@ from typing import Any, Literal
 from campaign import exits
 
 __all__ = ["HARDWARE", "NODE_SIGNALS", "SOFTWARE", "SYSTEMIC_CODES", "Budget", "Finding", "RankExit", "Signature",
-           "Suspect", "assess", "confirm", "exclusion_budget", "last_error_line", "match", "normalise", "read_tail",
+           "Suspect", "TAIL_LINES", "assess", "confirm", "exclusion_budget", "last_error_line", "match", "normalise",
+           "read_tail", "signal_name",
            "split_by_rank"]
 
 Kind = Literal["node", "systemic", "unknown"]
