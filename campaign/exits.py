@@ -15,8 +15,8 @@ from campaign.report import EXIT_SIGKILL as SIGKILL
 from campaign.report import EXIT_SIGTERM as SIGTERM
 from campaign.report import EXIT_WATCHDOG as STALLED
 
-__all__ = ["BROKEN_ENV", "CLASSES", "NONFINITE", "NO_RETRY", "OK", "RESUMABLE", "SIGKILL", "SIGTERM", "STALLED",
-           "classify"]
+__all__ = ["BROKEN_ENV", "CLASSES", "CONFIRM_ONCE", "NONFINITE", "NO_RETRY", "OK", "RESUMABLE", "SIGKILL", "SIGTERM",
+           "STALLED", "classify", "classify_finding"]
 
 CLASSES = {
     "succeeded": "the trainer finished",
@@ -29,9 +29,13 @@ CLASSES = {
     "diverged": "non-finite loss (94)",
     "orphaned": "left running by an orchestrator that died; its job was cancelled",
     "block_lost": "the block (scheduler job) ended under the attempt: cancelled by someone, or its nodes failed",
+    "crashed_unknown": "a failure without enough evidence to blame a node or call it systemic: one confirming retry",
 }
 RESUMABLE = frozenset({"stalled", "crashed_node", "walltime", "orphaned", "block_lost"})
 """Classes after which a relaunch from the last complete checkpoint makes sense."""
+CONFIRM_ONCE = frozenset({"crashed_unknown"})
+"""Classes after which one relaunch (no exclusion) confirms or clears the suspicion
+(`campaign.evidence.confirm` compares the two attempts)."""
 
 
 def classify(code: int, *, suspects: bool) -> str:
@@ -49,3 +53,13 @@ def classify(code: int, *, suspects: bool) -> str:
     if code == BROKEN_ENV:
         return "crashed_systemic"
     return "crashed_node" if suspects else "crashed_systemic"
+
+
+def classify_finding(code: int, kind: str) -> str:
+    """The exit class of a crashed attempt from its exit code and `campaign.evidence.Finding.kind`
+    ("node", "systemic", "unknown"): the contract's codes keep their classes; only a "node"
+    finding gives `crashed_node`, an "unknown" one `crashed_unknown`."""
+    by_code = classify(code, suspects=False)
+    if by_code != "crashed_systemic" or code == BROKEN_ENV:
+        return by_code
+    return {"node": "crashed_node", "unknown": "crashed_unknown"}.get(kind, "crashed_systemic")

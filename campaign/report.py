@@ -10,7 +10,8 @@ Writers, for a trainer (the built-in one, or your own script in three lines)::
         rep.step(step=step, tokens=tokens, loss=loss, step_time_s=dt)
     rep.close()                             # phase "done"
 
-Readers, for the orchestrator: `read_metrics`, `read_events`, `read_heartbeats`,
+Readers, for the orchestrator: `read_metrics` (`read_metrics_checked` also counts the rows
+it had to skip), `read_events`, `read_heartbeats`,
 `read_startup`, `list_checkpoints`.
 
 Files in the attempt's run directory (`CAMPAIGN_RUN_DIR`):
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import socket
@@ -39,7 +41,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 # Exit codes of the trainer contract (docs/trainer-contract.md).
 EXIT_OK = 0
@@ -239,26 +241,114 @@ def node_name() -> str:
 
 
 # --- readers (for the orchestrator) ---------------------------------------------------
-def read_metrics(run_dir: str | os.PathLike[str], offset: int = 0) -> tuple[list[dict], int]:
-    """Rows of metrics.jsonl from byte `offset`; returns (rows, new_offset).
+STEP_MAX = 2**31 - 1
+"""Largest step a metrics row may carry (the ledger stores steps as 32-bit integers)."""
+TOKENS_MAX = 10**18
+"""Largest cumulative token count a metrics row may carry: far beyond any run, below a
+64-bit integer (the ledger's column)."""
+_NUMBER_FIELDS = ("step_time_s",)
+"""Optional fields the watchdog computes with: when present and not null, finite numbers >= 0
+(a NaN step time would make every stall budget NaN and switch the watchdog off)."""
 
-    A partial last line (being written) is left for the next call: new_offset stops
-    before it. Lines that are not JSON are skipped."""
+
+class MetricsRead(NamedTuple):
+    """What `read_metrics_checked` read: the valid rows, the offset to read on from, how
+    many complete lines it skipped as invalid, and why (the first few)."""
+
+    rows: list[dict]
+    offset: int
+    bad: int
+    problems: list[str]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_metrics_row(row: Any) -> str | None:
+    """Why `row` (a parsed line of metrics.jsonl) is not a valid metrics row, or None if it is.
+
+    Valid: a JSON object; `step` an integer 0 <= step <= STEP_MAX (not a bool, not a float,
+    not a string); `loss` present and a number (not a bool): NaN and +-inf are kept (a
+    non-finite loss is evidence), null is read as NaN; `tokens`, when present, an integer
+    0 <= tokens <= TOKENS_MAX; `step_time_s`, when present and not null, a finite number >= 0.
+    A valid row is normalised in place: an integer or null loss becomes a float."""
+    if not isinstance(row, dict):
+        return f"not a JSON object but {type(row).__name__}"
+    step = row.get("step")
+    if "step" not in row:
+        return "no step"
+    if not _is_int(step) or not 0 <= step <= STEP_MAX:
+        return f"step {step!r} is not an integer in [0, {STEP_MAX}]"
+    if "tokens" in row:
+        tokens = row["tokens"]
+        if not _is_int(tokens) or not 0 <= tokens <= TOKENS_MAX:
+            return f"tokens {tokens!r} is not an integer in [0, {TOKENS_MAX:.0e}]"
+    if "loss" not in row:
+        return "no loss"
+    loss = row["loss"]
+    if loss is None:
+        loss = math.nan
+    if isinstance(loss, bool) or not isinstance(loss, (int, float)):
+        return f"loss {loss!r} is not a number"
+    try:
+        row["loss"] = float(loss)
+    except OverflowError:
+        return f"loss {loss!r} is not a number"
+    for key in _NUMBER_FIELDS:
+        v = row.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                              or v < 0):
+            return f"{key} {v!r} is not a finite number >= 0"
+    return None
+
+
+def read_metrics_checked(run_dir: str | os.PathLike[str], offset: int = 0, *, keep_problems: int = 5) -> MetricsRead:
+    """Valid rows of metrics.jsonl from byte `offset` (see `check_metrics_row`), the new offset,
+    the number of complete lines skipped (not JSON, or not a valid row), and the reasons for the
+    first `keep_problems` of them ("byte N: reason: line").
+
+    A partial last line (being written) is left for the next call: the offset stops before it.
+    Blank lines are skipped without counting."""
     path = Path(run_dir) / METRICS_FILE
     try:
         with open(path, "rb") as f:
             f.seek(offset)
             data = f.read()
     except FileNotFoundError:
-        return [], offset
+        return MetricsRead([], offset, 0, [])
     end = data.rfind(b"\n") + 1
-    rows = []
-    for line in data[:end].splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
+    rows: list[dict] = []
+    bad = 0
+    problems: list[str] = []
+    at = offset
+    for line in data[:end].split(b"\n")[:-1]:
+        start, at = at, at + len(line) + 1
+        if not line.strip():
             continue
-    return rows, offset + end
+        try:
+            row = json.loads(line)
+            why = check_metrics_row(row)
+        except (ValueError, RecursionError) as e:  # not JSON (UnicodeDecodeError is a ValueError)
+            why = f"not JSON ({type(e).__name__})"
+        if why is None:
+            rows.append(row)
+            continue
+        bad += 1
+        if len(problems) < keep_problems:
+            text = line[:80].decode("utf-8", errors="replace")
+            problems.append(f"byte {start}: {why}: {text}{'...' if len(line) > 80 else ''}")
+    return MetricsRead(rows, offset + end, bad, problems)
+
+
+def read_metrics(run_dir: str | os.PathLike[str], offset: int = 0) -> tuple[list[dict], int]:
+    """Valid rows of metrics.jsonl from byte `offset`; returns (rows, new_offset).
+
+    A partial last line (being written) is left for the next call: new_offset stops
+    before it. Invalid lines (not JSON, or not a valid row: see `check_metrics_row`) are
+    skipped; `read_metrics_checked` also counts them so callers can warn."""
+    got = read_metrics_checked(run_dir, offset)
+    return got.rows, got.offset
 
 
 def read_events(run_dir: str | os.PathLike[str]) -> list[dict]:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from campaign import report
 from train_helpers import REPO
 
@@ -79,3 +81,80 @@ def test_report_and_train_package_import_no_torch():
     code = ("import sys, campaign.report, campaign.train, campaign.train.config; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+GOOD = '{"step": 1, "tokens": 10, "loss": 2.0, "step_time_s": 0.1}\n'
+GARBAGE = [
+    ("a bare number", "42", "not a JSON object"),
+    ("a list", "[1, 2]", "not a JSON object"),
+    ("a string", '"step 3"', "not a JSON object"),
+    ("null", "null", "not a JSON object"),
+    ("not JSON", "step=3 loss=2.0", "not JSON"),
+    ("not UTF-8", b"\xff\xfe{}".decode("latin-1"), "not JSON"),
+    ("a string step", '{"step": "3", "tokens": 30, "loss": 2.0}', "step '3'"),
+    ("a float step", '{"step": 3.0, "tokens": 30, "loss": 2.0}', "step 3.0"),
+    ("a fractional step", '{"step": 3.5, "tokens": 30, "loss": 2.0}', "step 3.5"),
+    ("a bool step", '{"step": true, "tokens": 30, "loss": 2.0}', "step True"),
+    ("a negative step", '{"step": -1, "tokens": 30, "loss": 2.0}', "step -1"),
+    ("a huge step", '{"step": 10000000000000, "tokens": 30, "loss": 2.0}', "step 10000000000000"),
+    ("a null step", '{"step": null, "tokens": 30, "loss": 2.0}', "step None"),
+    ("no step", '{"tokens": 30, "loss": 2.0}', "no step"),
+    ("NaN tokens", '{"step": 3, "tokens": NaN, "loss": 2.0}', "tokens nan"),
+    ("1e30 tokens", '{"step": 3, "tokens": 1e30, "loss": 2.0}', "tokens 1e+30"),
+    ("huge int tokens", '{"step": 3, "tokens": 1000000000000000001, "loss": 2.0}', "tokens 1000000000000000001"),
+    ("float tokens", '{"step": 3, "tokens": 30.0, "loss": 2.0}', "tokens 30.0"),
+    ("string tokens", '{"step": 3, "tokens": "30", "loss": 2.0}', "tokens '30'"),
+    ("bool tokens", '{"step": 3, "tokens": false, "loss": 2.0}', "tokens False"),
+    ("negative tokens", '{"step": 3, "tokens": -30, "loss": 2.0}', "tokens -30"),
+    ("no loss", '{"step": 3, "tokens": 30}', "no loss"),
+    ("a string loss", '{"step": 3, "tokens": 30, "loss": "2.0"}', "loss '2.0'"),
+    ("a bool loss", '{"step": 3, "tokens": 30, "loss": true}', "loss True"),
+    ("a list loss", '{"step": 3, "tokens": 30, "loss": [2.0]}', "loss [2.0]"),
+    ("a huge int loss", '{"step": 3, "tokens": 30, "loss": ' + "9" * 400 + "}", "is not a number"),
+    ("a NaN step time", '{"step": 3, "tokens": 30, "loss": 2.0, "step_time_s": NaN}', "step_time_s nan"),
+    ("a string step time", '{"step": 3, "tokens": 30, "loss": 2.0, "step_time_s": "0.1"}', "step_time_s '0.1'"),
+    ("a negative step time", '{"step": 3, "tokens": 30, "loss": 2.0, "step_time_s": -1}', "step_time_s -1"),
+]
+
+
+@pytest.mark.parametrize(("line", "why"), [g[1:] for g in GARBAGE], ids=[g[0] for g in GARBAGE])
+def test_read_metrics_skips_and_counts_garbage_rows(tmp_path, line, why):
+    path = tmp_path / report.METRICS_FILE
+    path.write_bytes(GOOD.encode() + line.encode("latin-1" if "\xff" in line else "utf-8") + b"\n"
+                     + GOOD.replace('"step": 1', '"step": 2').encode())
+    got = report.read_metrics_checked(tmp_path)
+    assert [r["step"] for r in got.rows] == [1, 2]
+    assert got.bad == 1 and got.offset == path.stat().st_size
+    assert got.problems[0].startswith(f"byte {len(GOOD)}: ") and why in got.problems[0]
+    assert report.read_metrics(tmp_path) == (got.rows, got.offset)
+
+
+@pytest.mark.parametrize(("loss", "expected"), [
+    ("NaN", "nan"), ("Infinity", "inf"), ("-Infinity", "-inf"), ("null", "nan"), ("3", "3.0"), ("2.5", "2.5"),
+])
+def test_read_metrics_keeps_non_finite_and_null_loss_as_evidence(tmp_path, loss, expected):
+    (tmp_path / report.METRICS_FILE).write_text(f'{{"step": 5, "tokens": 50, "loss": {loss}}}\n')
+    got = report.read_metrics_checked(tmp_path)
+    assert got.bad == 0 and len(got.rows) == 1
+    value = got.rows[0]["loss"]
+    assert isinstance(value, float) and repr(value) == expected
+
+
+def test_read_metrics_accepts_rows_without_tokens_and_with_null_step_time(tmp_path):
+    (tmp_path / report.METRICS_FILE).write_text('{"step": 0, "loss": 1.0}\n\n{"step": 7, "tokens": 0, "loss": 1.0, '
+                                                '"step_time_s": null, "lr": "cosine"}\n')
+    got = report.read_metrics_checked(tmp_path)
+    assert [r["step"] for r in got.rows] == [0, 7] and got.bad == 0  # blank lines are not counted
+
+
+def test_read_metrics_checked_leaves_a_partial_garbage_line_for_the_next_read(tmp_path):
+    path = tmp_path / report.METRICS_FILE
+    path.write_text(GOOD + '{"step": "x')
+    got = report.read_metrics_checked(tmp_path)
+    assert (len(got.rows), got.bad, got.offset) == (1, 0, len(GOOD))
+    with open(path, "a") as f:
+        f.write('", "loss": 1}\n' + "7\n" * 10)
+    got2 = report.read_metrics_checked(tmp_path, got.offset)
+    assert got2.rows == [] and got2.bad == 11 and len(got2.problems) == 5
+    assert got2.problems[0].startswith(f"byte {len(GOOD)}: step 'x'")
+    assert report.read_metrics_checked(tmp_path, got2.offset) == (report.MetricsRead([], got2.offset, 0, []))

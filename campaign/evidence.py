@@ -1,0 +1,564 @@
+"""Blame a node only with evidence: pure decisions over what a failed attempt left.
+
+The supervisor collects, for one attempt, the exit of every rank (or what the launcher
+printed about them), the tail of each failed rank's log, and whether a training step was
+ever reported; `assess()` turns that into a `Finding`:
+
+    node       evidence points at specific nodes: exclude them (within `exclusion_budget`)
+               and relaunch elsewhere;
+    systemic   no node swap can fix it (a typo'd flag, a full file system, a checkpoint
+               that does not fit the model, the same failure on several nodes): exclude nobody;
+    unknown    not enough evidence either way: exclude nobody, allow one confirming retry
+               (`confirm()` compares it with the retry's finding).
+
+Evidence for a node, strongest first:
+- a hardware/driver signature (`HARDWARE`, scope "local") in a failed rank's log: an Xid
+  that NVIDIA documents as hardware, an uncorrectable ECC error, a lost Level Zero device,
+  a bus error, a machine check, a NIC link down. When *every* node of a multi-node job shows
+  it, no node stands out (like `watchdog.culprits`) and it is not node evidence;
+- death by a signal that points at a node (`NODE_SIGNALS`) of ranks on exactly one node of a
+  job of two or more nodes, while no rank elsewhere died the same way;
+- the stall pattern: the suspects `watchdog.culprits` (or the bisection drill) named.
+Network errors (`HARDWARE`, scope "fabric": NCCL's "remote process exited or there was a
+network error", IB completion errors, libfabric/CXI/oneCCL ATL errors) are printed by the
+*victims* of a failure as often as by its cause, so alone they blame nobody; they only stop a
+failure from being read as a software bug.
+
+Every function here is pure (no processes, no ledger, no clock) except `read_tail`, the one
+small file read the supervisor needs to feed `assess`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from campaign import exits
+
+__all__ = ["HARDWARE", "NODE_SIGNALS", "SOFTWARE", "SYSTEMIC_CODES", "Budget", "Finding", "RankExit", "Signature",
+           "Suspect", "TAIL_LINES", "assess", "confirm", "exclusion_budget", "last_error_line", "match", "normalise",
+           "read_tail", "signal_name",
+           "split_by_rank"]
+
+Kind = Literal["node", "systemic", "unknown"]
+Retry = Literal["relaunch_elsewhere", "confirm_once", "stop"]
+
+TAIL_LINES = 50
+"""How many of the last lines of a failed rank's log are kept as evidence."""
+
+# --- signals ----------------------------------------------------------------------------
+NODE_SIGNALS: dict[int, str] = {
+    135: "SIGBUS",   # a mapped page that cannot be read: bad memory, a node-local disk or /dev/shm gone or full
+    137: "SIGKILL",  # the kernel OOM killer or a node-health daemon on that node (the supervisor's own kills are
+                     # marked `stopped` and never count); on one node alone, that node's memory or state
+    139: "SIGSEGV",  # software bugs crash every rank alike; one node alone segfaulting points at its memory/driver
+    132: "SIGILL",   # on a homogeneous machine one node alone hitting an illegal instruction has other hardware
+                     # or a corrupted node-local copy of the binary
+}
+"""Signals that count as node evidence when ranks of exactly one node die by them (code 128+N).
+
+Not node evidence: SIGABRT (134) is raised deliberately by libraries: C++ `terminate`,
+assertions, and NCCL/oneCCL aborting a communicator because a *peer* failed, so the aborting
+rank is usually a victim; SIGTERM (143) and SIGINT (130) come from the scheduler, a user, a
+launcher tearing the job down or the supervisor."""
+SYSTEMIC_CODES: dict[int, str] = {
+    exits.BROKEN_ENV: "broken environment (127): a command or library is missing; no node swap fixes it",
+    exits.NO_RETRY: "bad configuration (93): the trainer refused its configuration",
+    exits.NONFINITE: "non-finite loss (94): the run diverged",
+    2: "exit 2: the command line was refused (argparse, or the script was not found)",
+}
+"""Exit codes that mean the failure is the trainer's or the configuration's, never a node's."""
+
+
+def signal_name(code: int) -> str | None:
+    """'SIGKILL' for 137, ... (None for codes that are not 128+N)."""
+    if code <= 128 or code > 128 + 64:
+        return None
+    import signal as _signal
+
+    try:
+        return _signal.Signals(code - 128).name
+    except ValueError:
+        return f"signal {code - 128}"
+
+
+# --- signatures -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Signature:
+    """One known error line: `pattern` is searched (not matched) in a log line."""
+
+    name: str
+    pattern: re.Pattern[str]
+    source: str
+    scope: Literal["local", "fabric", "software"]
+    """local: points at the node whose log prints it; fabric: a network error seen by a node
+    or by its peers (never blames alone); software: the trainer's or its configuration's."""
+
+
+def _sig(name: str, pattern: str, source: str, scope: Literal["local", "fabric", "software"],
+         flags: int = 0) -> Signature:
+    return Signature(name, re.compile(pattern, flags), source, scope)
+
+
+_HW_XIDS = "48|61|62|63|64|74|79|92|94|95|119|120"
+HARDWARE: tuple[Signature, ...] = (
+    _sig("nvidia_xid", rf"NVRM: Xid \([^)]*\): (?:{_HW_XIDS})\b",
+         "NVIDIA 'Xid Errors' (docs.nvidia.com/deploy/xid-errors): 48 DBE ECC, 61/62 internal micro-controller, "
+         "63/64 row remapping, 74 NVLink, 79 fallen off the bus, 92 high SBE rate, 94/95 contained/uncontained ECC, "
+         "119/120 GSP. Xid 13, 31, 43 are usually the application's own fault and are not listed", "local"),
+    _sig("gpu_fallen_off_bus", r"GPU has fallen off the bus", "NVRM kernel message with Xid 79", "local"),
+    _sig("cuda_ecc_uncorrectable", r"uncorrectable ECC error", "CUDA cudaErrorECCUncorrectable: "
+         "'uncorrectable ECC error encountered'", "local", re.I),
+    _sig("cuda_nvlink_uncorrectable", r"uncorrectable NVLink error", "CUDA cudaErrorNvlinkUncorrectable", "local"),
+    _sig("cuda_launch_failure", r"CUDA error: unspecified launch failure",
+         "CUDA cudaErrorLaunchFailure as PyTorch prints it; on one node it comes with an Xid", "local"),
+    _sig("level_zero_device_lost", r"\b(?:ZE|UR)_RESULT_ERROR_DEVICE_LOST\b",
+         "Level Zero ze_result_t / Unified Runtime ur_result_t: the Intel GPU was lost (reset, hang, PCIe)", "local"),
+    _sig("bus_error", r"\bBus error\b|\bSIGBUS\b", "the shell's message for a process killed by SIGBUS", "local"),
+    _sig("machine_check", r"\[Hardware Error\]|Machine [Cc]heck (?:Exception|Events? [Ll]ogged)|\bmce: ",
+         "Linux MCE / APEI messages (arch/x86/kernel/cpu/mce) forwarded into job logs", "local"),
+    _sig("edac_uncorrected", r"EDAC \S+: \d+ UE\b",
+         "Linux EDAC memory controller: 'EDAC MC0: 1 UE ...' (uncorrected error)", "local"),
+    _sig("cxi_link_down", r"\bcxi\S*\b.*\blink (?:is )?down\b|CXI_EVENT_LINK_DOWN|\bcxi\d+: .*[Ll]ink down",
+         "HPE Slingshot CXI driver / libfabric cxi provider: the node's NIC lost its link", "local", re.I),
+    # Network errors: printed by the failing node and by its peers alike.
+    _sig("nccl_remote_error", r"remote process exited or there was a network error",
+         "NCCL ncclRemoteError string (src/misc/utils / ncclGetErrorString)", "fabric"),
+    _sig("nccl_ib_completion", r"NET/IB ?: .*Got completion (?:from peer \S+ )?with (?:error|status)",
+         "NCCL net_ib.cc: 'NET/IB : Got completion from peer <addr> with error 12, opcode ..., vendor err 129'",
+         "fabric"),
+    _sig("nccl_watchdog_timeout", r"Watchdog caught collective operation timeout",
+         "PyTorch ProcessGroupNCCL watchdog: a collective did not finish (a peer hung or the network)", "fabric"),
+    _sig("libfabric_error", r"\bfi_[a-z_]+(?:\(\))?(?: failed|: | returned)|\blibfabric:\d+:.*:(?:cxi|verbs|tcp|"
+         r"efa):[^<]*<(?:warn|error)>",
+         "libfabric: an fi_* call failed (fi_cq_readerr, fi_getinfo, ...) or a provider warning", "fabric"),
+    _sig("ccl_atl_error", r"\|CCL_(?:ERROR|FATAL)\|.*\b(?:atl|ofi|fi_|cxi)|\bATL\b.*\b(?:error|failed)\b",
+         "oneCCL: an ATL (transport layer: OFI/MPI) error, e.g. '|CCL_ERROR| atl_ofi.cpp:...'", "fabric", re.I),
+    _sig("cxi_error", r"\bcxip?\b.*\b(?:error|timeout|timed out|failed)\b",
+         "libfabric cxi provider / Slingshot NIC errors other than a link down", "fabric", re.I),
+)
+"""Hardware, driver and network signatures. Order matters only for which name is reported
+when one line matches several."""
+
+SOFTWARE: tuple[Signature, ...] = (
+    _sig("cli_usage", r"^(?:\S*: )?usage: |error: unrecognized arguments|error: the following arguments are required"
+         r"|error: argument \S+", "argparse: a typo'd or missing flag (exits 2)", "software"),
+    _sig("script_not_found", r"can't open file .*No such file or directory",
+         "python: the script path (e.g. a relative path from another cwd) does not exist", "software"),
+    _sig("module_not_found", r"ModuleNotFoundError|ImportError: ", "python: the environment lacks a module",
+         "software"),
+    _sig("command_not_found", r"command not found|: not found$", "shell: a missing command (exits 127)", "software"),
+    _sig("no_space", r"No space left on device|\bENOSPC\b|\[Errno 28\]",
+         "errno 28 ENOSPC: the file system (shared: every node alike) is full", "software"),
+    _sig("state_dict_mismatch", r"Missing key\(s\) in state_dict|Unexpected key\(s\) in state_dict|"
+         r"size mismatch for \S+|Error\(s\) in loading state_dict",
+         "torch.nn.Module.load_state_dict: the checkpoint does not fit the model", "software"),
+    _sig("dcp_load_error", r"Missing key in checkpoint state_dict|CheckpointException|"
+         r"Size mismatch between saved|torch\.distributed\.checkpoint.*(?:Error|Exception)",
+         "torch.distributed.checkpoint (DCP): load planner / CheckpointException", "software"),
+    _sig("device_out_of_memory", r"(?:CUDA|XPU) out of memory|OutOfMemoryError|"
+         r"(?:UR|ZE)_RESULT_ERROR_OUT_OF_DEVICE_MEMORY",
+         "the model/batch does not fit the device: configuration, not the node", "software"),
+    _sig("file_not_found", r"No such file or directory|FileNotFoundError", "a path that does not exist", "software"),
+    _sig("permission_denied", r"Permission denied|PermissionError", "a path the job may not use", "software"),
+    _sig("c_assertion", r"Assertion [`'].*' failed", "glibc assert()", "software"),
+    _sig("python_exception", r"(?:^|[\s:\]>])(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt)(?::|$)",
+         "the last line of a Python traceback: 'XxxError: message'", "software"),
+)
+"""Known software/configuration signatures, most specific first (the first that matches names it)."""
+
+_ERRORISH = re.compile(r"\b(?:error|exception|fatal|abort(?:ed)?|killed|segmentation fault|failed|failure|"
+                       r"terminate called)\b", re.I)
+
+
+def match(line: str, table: Sequence[Signature] | None = None) -> Signature | None:
+    """The first signature of `table` (default: HARDWARE then SOFTWARE) found in `line`."""
+    for sig in table if table is not None else (*HARDWARE, *SOFTWARE):
+        if sig.pattern.search(line):
+            return sig
+    return None
+
+
+# --- log lines --------------------------------------------------------------------------
+_RANK_PREFIX = re.compile(r"^\s*(?:\[rank(?P<a>\d+)\]:?\s?|\[(?P<b>\d+)\]\s|(?P<c>\d+):\s)")
+
+
+def split_by_rank(lines: Iterable[str]) -> dict[int | None, list[str]]:
+    """Lines of a launcher's combined log by rank, from the prefixes launchers and PyTorch put
+    on them: `[rank3]: ` (PyTorch), `3: ` (srun --label, PALS mpiexec --label), `[3] `
+    (MPICH -l). Lines without a prefix go under None. The prefix is removed."""
+    out: dict[int | None, list[str]] = {}
+    for line in lines:
+        m = _RANK_PREFIX.match(line)
+        if m:
+            rank = int(m.group("a") or m.group("b") or m.group("c"))
+            out.setdefault(rank, []).append(line[m.end():])
+        else:
+            out.setdefault(None, []).append(line)
+    return out
+
+
+def last_error_line(lines: Sequence[str]) -> str | None:
+    """The line a human should read first: the last one matching a known signature, else the
+    last that looks like an error, else the last non-blank line; None for an empty log."""
+    clean = [ln.strip() for ln in lines if ln.strip()]
+    for pick in (lambda ln: match(ln) is not None, lambda ln: _ERRORISH.search(ln) is not None):
+        for ln in reversed(clean):
+            if pick(ln):
+                return ln
+    return clean[-1] if clean else None
+
+
+def normalise(line: str | None, nodes: Iterable[str] = ()) -> str:
+    """A last error line with what differs between ranks of the same failure removed (rank
+    prefixes, node names, addresses, numbers), so equal failures compare equal."""
+    if not line:
+        return ""
+    m = _RANK_PREFIX.match(line)
+    text = line[m.end():] if m else line
+    for node in sorted((n for n in nodes if n), key=len, reverse=True):
+        text = text.replace(node, "<node>")
+    text = re.sub(r"0x[0-9a-fA-F]+", "<hex>", text)
+    text = re.sub(r"\d+", "#", text)
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def read_tail(path: str | os.PathLike[str], lines: int = TAIL_LINES, max_bytes: int = 65536) -> tuple[str, ...]:
+    """The last `lines` lines of a log (at most `max_bytes` read from its end); () if unreadable.
+    The only function here that touches a file."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return ()
+    text = data.decode("utf-8", errors="replace").replace("\r", "\n")
+    out = text.split("\n")
+    if size > max_bytes:
+        out = out[1:]  # the first line is cut
+    return tuple(ln for ln in out if ln.strip())[-lines:]
+
+
+# --- inputs and outputs -----------------------------------------------------------------
+@dataclass(frozen=True)
+class RankExit:
+    """How one rank ended, as the supervisor saw it."""
+
+    rank: int
+    """-1 when only a launcher process was seen and its log did not name the rank."""
+    node: str
+    code: int
+    """Exit code, normalised: killed by signal N is 128 + N (Popen's -N must be converted)."""
+    seen_at: float
+    """When the supervisor saw it exit (its poll time: exits seen in one poll share it)."""
+    log_path: str | None = None
+    log_tail: tuple[str, ...] = ()
+    """The last ~50 lines of this rank's log (its own, or its lines of the launcher's log)."""
+    stopped: bool = False
+    """The supervisor (or the launcher tearing the job down) stopped it: not evidence."""
+
+    @staticmethod
+    def from_popen(rank: int, node: str, returncode: int, seen_at: float, **kw: Any) -> RankExit:
+        """From a Popen return code (-N for signal N)."""
+        return RankExit(rank, node, 128 - returncode if returncode < 0 else returncode, seen_at, **kw)
+
+
+@dataclass(frozen=True)
+class Suspect:
+    """A node to blame, why, and the evidence (JSON-able)."""
+
+    node: str
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The shape the supervisor's report and the ledger's exclusions use."""
+        return {"node": self.node, "reason": self.reason, "evidence": dict(self.evidence)}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What the evidence says about one failed attempt."""
+
+    kind: Kind
+    suspects: tuple[Suspect, ...]
+    retry: Retry
+    message: str
+    """For a human: what failed, the last error line quoted, the log to read, what to do."""
+    rule: str
+    """Which rule decided (stall, contract_exit, hardware_signature, signal, same_failure,
+    software_signature, fabric_error, insufficient, no_failure; confirm_* after `confirm`)."""
+    last_error_line: str | None = None
+    log_path: str | None = None
+    primary: dict[str, Any] | None = None
+    """The failure the finding starts from: rank, node, exit_code, signature."""
+    signature: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["suspects"] = [s.to_dict() for s in self.suspects]
+        return out
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Finding:
+        return Finding(**{**d, "suspects": tuple(Suspect(**s) for s in d.get("suspects") or ())})
+
+
+# --- the decision -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Facts:
+    exit: RankExit
+    local: tuple[Signature, str] | None  # first local hardware signature and its line
+    fabric: tuple[Signature, str] | None
+    software: tuple[Signature, str] | None  # the software signature of the last error line (else any, last)
+    last: str | None
+
+    @property
+    def signal(self) -> str | None:
+        return NODE_SIGNALS.get(self.exit.code)
+
+
+def _facts(e: RankExit) -> _Facts:
+    local = fabric = software = None
+    for ln in e.log_tail:
+        for sig in HARDWARE:
+            if sig.pattern.search(ln):
+                if sig.scope == "local" and local is None:
+                    local = (sig, ln.strip())
+                elif sig.scope == "fabric" and fabric is None:
+                    fabric = (sig, ln.strip())
+                break
+        else:
+            if (sw := match(ln, SOFTWARE)) is not None:
+                software = (sw, ln.strip())  # the last one wins
+    last = last_error_line(e.log_tail)
+    if last is not None and (sw := match(last, SOFTWARE)) is not None and match(last, HARDWARE) is None:
+        software = (sw, last)
+    return _Facts(e, local, fabric, software, last)
+
+
+def _how(e: RankExit) -> str:
+    sig = signal_name(e.code)
+    who = f"rank {e.rank}" if e.rank >= 0 else "the job"
+    return f"{who} on {e.node or 'an unknown node'} " + (f"was killed by {sig} ({e.code})" if sig else
+                                                          f"exited with {e.code}")
+
+
+def _quote(f: _Facts) -> str:
+    if f.last:
+        return f": \"{f.last}\"" + (f" (log: {f.exit.log_path})" if f.exit.log_path else "")
+    return f"; its log ({f.exit.log_path}) shows no error line" if f.exit.log_path else "; no log"
+
+
+def _evidence(f: _Facts, sig: tuple[Signature, str] | None = None) -> dict[str, Any]:
+    ev: dict[str, Any] = {"rank": f.exit.rank, "exit_code": f.exit.code, "log_path": f.exit.log_path,
+                          "last_error_line": f.last}
+    if sig is not None:
+        ev.update(signature=sig[0].name, matched_line=sig[1])
+    return ev
+
+
+def _finding(kind: Kind, retry: Retry, rule: str, primary: _Facts, message: str, suspects: Sequence[Suspect] = (),
+             sig: str | None = None) -> Finding:
+    return Finding(kind=kind, suspects=tuple(suspects), retry=retry, message=message, rule=rule,
+                   last_error_line=primary.last, log_path=primary.exit.log_path, signature=sig,
+                   primary={"rank": primary.exit.rank, "node": primary.exit.node, "exit_code": primary.exit.code})
+
+
+def _failure_key(f: _Facts, nodes: Sequence[str]) -> tuple[int, str]:
+    """What makes two failures "the same": the exit code and the last error line's specific
+    signature (ENOSPC on two different files is one failure), else the normalised line."""
+    sig = match(f.last) if f.last else None
+    if sig is not None and sig.name != "python_exception":
+        return f.exit.code, sig.name
+    return f.exit.code, normalise(f.last, nodes)
+
+
+def assess(exits_seen: Sequence[RankExit], *, first_step: bool, nodes: Sequence[str] = (),
+           stall_suspects: Sequence[dict[str, Any]] = (), same_poll_s: float = 0.0) -> Finding:
+    """Node, systemic or unknown, from the exits of one attempt's ranks.
+
+    exits_seen      every rank exit the supervisor saw (those it stopped marked `stopped`); in
+                    launcher mode, the rank(s) the launcher reported failing, with their log lines
+    first_step      whether any training step was reported (metrics.jsonl had a row)
+    nodes           the attempt's active nodes (default: the nodes of `exits_seen`)
+    stall_suspects  `watchdog.culprits(...)` (or the bisection drill's) suspects of a stall
+    same_poll_s     exits seen within this many seconds of the first failure count as
+                    simultaneous (0: the supervisor stamps exits of one poll with one time)
+
+    Rules, in order: a stall's suspects; the trainer contract's systemic exit codes; local
+    hardware signatures; death by a node signal on one node alone; the same failure (exit
+    code and the last error line's signature, else the normalised line) on two or more nodes; a known software signature;
+    a network error; otherwise unknown. Among failures seen in the same poll, the primary one
+    is the rank killed by a node signal, then one with a hardware signature, then the earliest,
+    then the lowest rank.
+    """
+    job_nodes = list(dict.fromkeys([*nodes, *(e.node for e in exits_seen if e.node)]))
+    if stall_suspects:
+        sus = [Suspect(str(s["node"]), str(s.get("reason", "stalled")), dict(s.get("evidence") or {}))
+               for s in stall_suspects]
+        names = ", ".join(s.node for s in sus)
+        return Finding("node", tuple(sus), "relaunch_elsewhere", f"the job stalled; the heartbeats single out "
+                       f"{names}: {sus[0].reason}", "stall", primary=None)
+    failed = [_facts(e) for e in exits_seen if e.code != 0 and not e.stopped]
+    if not failed:
+        return Finding("unknown", (), "confirm_once", "no rank failed by itself (every exit was 0 or caused by "
+                       "stopping the job); nothing to blame", "no_failure")
+    t0 = min(f.exit.seen_at for f in failed)
+    wave = [f for f in failed if f.exit.seen_at - t0 <= same_poll_s]
+    primary = min(wave, key=lambda f: (f.signal is None, f.local is None, f.exit.seen_at, f.exit.rank))
+    code = primary.exit.code
+    head = _how(primary.exit) + _quote(primary)
+
+    # 1. Exit codes of the trainer contract that are never a node's fault.
+    if code in SYSTEMIC_CODES and primary.local is None:
+        return _finding("systemic", "stop", "contract_exit", primary,
+                        f"{head}. {SYSTEMIC_CODES[code]}; no node is blamed.")
+
+    # 2. A hardware/driver signature in the log of a failed rank.
+    local_nodes = list(dict.fromkeys(f.exit.node for f in sorted(failed, key=lambda f: f is not primary)
+                                     if f.local is not None and f.exit.node))
+    if local_nodes:
+        if len(job_nodes) >= 2 and set(local_nodes) >= set(job_nodes):
+            what = primary.local[0].name if primary.local else "a hardware error"
+            return _finding("unknown", "confirm_once", "hardware_everywhere", primary,
+                            f"{head}. Every node reports {what}, so no node stands out (a driver or firmware "
+                            "problem?); no node is blamed, one confirming retry.")
+        sus = []
+        for node in local_nodes:
+            f = next(f for f in failed if f.exit.node == node and f.local is not None)
+            assert f.local is not None
+            sus.append(Suspect(node, f"{f.local[0].name} in the log of rank {f.exit.rank}: \"{f.local[1]}\"",
+                               _evidence(f, f.local)))
+        first = next(f for f in failed if f.exit.node == local_nodes[0] and f.local is not None)
+        assert first.local is not None
+        return _finding("node", "relaunch_elsewhere", "hardware_signature", primary,
+                        f"{head}. Hardware evidence against {', '.join(local_nodes)}: {first.local[0].name} "
+                        f"\"{first.local[1]}\" (log: {first.exit.log_path}).", sus, first.local[0].name)
+
+    # 3. Death by a node signal on exactly one node, no rank elsewhere dying the same way.
+    if primary.signal is not None:
+        same = {f.exit.node for f in failed if f.exit.code == code}
+        if len(same) == 1 and len(job_nodes) >= 2:
+            ranks = sorted(f.exit.rank for f in failed if f.exit.code == code)
+            sus = Suspect(primary.exit.node, f"rank(s) {', '.join(map(str, ranks))} killed by {primary.signal} "
+                          f"({code}) on this node alone", {**_evidence(primary), "signal": primary.signal,
+                                                          "ranks": ranks})
+            return _finding("node", "relaunch_elsewhere", "signal", primary,
+                            f"{head}; no rank on another node died by {primary.signal}: {primary.exit.node} is "
+                            f"suspect.", [sus], primary.signal)
+        if len(same) > 1:
+            kind: Kind = "systemic" if not first_step else "unknown"
+            return _finding(kind, "stop" if not first_step else "confirm_once", "signal_everywhere", primary,
+                            f"{head}. Ranks on {len(same)} nodes ({', '.join(sorted(same))}) died by "
+                            f"{primary.signal}{' before the first step' if not first_step else ''}: the cause is "
+                            f"shared (e.g. the configuration does not fit the memory); no node is blamed.")
+
+    # 4. The same failure (exit code and last error line) on two or more nodes.
+    key = _failure_key(primary, job_nodes)
+    same_nodes = sorted({f.exit.node for f in failed if _failure_key(f, job_nodes) == key})
+    if len(same_nodes) >= 2 and primary.fabric is None:
+        deterministic = not first_step or primary.software is not None
+        return _finding("systemic", "stop" if deterministic else "confirm_once", "same_failure", primary,
+                        f"{head}. The same failure on {len(same_nodes)} nodes ({', '.join(same_nodes)})"
+                        f"{' before the first step' if not first_step else ''}: it is not a node's fault; "
+                        "no node is blamed.", sig=primary.software[0].name if primary.software else None)
+
+    # 5. A known software signature (and no network error behind it).
+    if primary.software is not None and primary.fabric is None:
+        name = primary.software[0].name
+        return _finding("systemic", "stop", "software_signature", primary,
+                        f"{head}. A software or configuration error ({name}): relaunching elsewhere would fail the "
+                        "same way; no node is blamed.", sig=name)
+
+    # 6. Network errors alone: the failing node and its victims print the same.
+    if primary.fabric is not None:
+        return _finding("unknown", "confirm_once", "fabric_error", primary,
+                        f"{head}. A network error ({primary.fabric[0].name}) that the cause and its peers both "
+                        "report: no node is singled out; none blamed, one confirming retry.", sig=primary.fabric[0].name)
+
+    # 7. Not enough evidence.
+    why = ("a single node with no other node to compare" if len(job_nodes) < 2
+           else "no hardware signature, no node signal, no known error")
+    return _finding("unknown", "confirm_once", "insufficient", primary,
+                    f"{head}. Not enough evidence to blame a node ({why}); none blamed, one confirming retry.")
+
+
+def confirm(previous: Finding, current: Finding) -> Finding:
+    """The verdict after the confirming retry of an `unknown` finding (both for the same stage).
+
+    If the retry found evidence, that stands. If the failure followed the node (same node,
+    another rank: the retry should rotate the host order so ranks move), the node is suspect;
+    if it followed the rank or moved to another node, it is systemic; if it repeated on the
+    same rank and node, evidence is still insufficient: stop, and probe the node (drill)."""
+    if previous.kind != "unknown" or current.kind != "unknown" or not previous.primary or not current.primary:
+        return current
+    p, c = previous.primary, current.primary
+    same_line = normalise(previous.last_error_line) == normalise(current.last_error_line)
+    where = f" (log: {current.log_path})" if current.log_path else ""
+    quote = f" \"{current.last_error_line}\"{where}" if current.last_error_line else where
+    if p["node"] and p["node"] == c["node"] and p["rank"] != c["rank"]:
+        sus = Suspect(c["node"], f"failed twice on this node with different ranks (ranks {p['rank']} and "
+                      f"{c['rank']}, exits {p['exit_code']} and {c['exit_code']})",
+                      {"ranks": [p["rank"], c["rank"]], "exit_codes": [p["exit_code"], c["exit_code"]],
+                       "last_error_line": current.last_error_line, "log_path": current.log_path})
+        return Finding("node", (sus,), "relaunch_elsewhere", f"the failure followed node {c['node']} across ranks:"
+                       f"{quote}", "confirm_node", current.last_error_line, current.log_path, current.primary,
+                       current.signature)
+    if p["node"] == c["node"]:
+        return Finding("unknown", (), "stop", f"rank {c['rank']} on {c['node']} failed again{quote}; the rank and "
+                       "the node did not move, so it cannot tell them apart: probe the node (drill) before "
+                       "blaming it", "confirm_same_place", current.last_error_line, current.log_path,
+                       current.primary, current.signature)
+    moved = "the same rank failed on another node" if p["rank"] == c["rank"] else "it failed on another node"
+    return Finding("systemic", (), "stop", f"{moved} ({p['node']} then {c['node']}"
+                   f"{', same error' if same_line else ''}){quote}: not a node's fault; no node is blamed",
+                   "confirm_moved", current.last_error_line, current.log_path, current.primary, current.signature)
+
+
+# --- how many to exclude ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Budget:
+    """Which suspects to exclude now and which to probe (drill/bisection) first."""
+
+    exclude: tuple[Suspect, ...]
+    probe: tuple[Suspect, ...]
+    reason: str
+
+
+def exclusion_budget(suspects: Sequence[Suspect | dict[str, Any]], *, already_excluded: int,
+                     per_attempt: int = 1, per_chain: int = 3) -> Budget:
+    """Exclude at most `per_attempt` suspects of this attempt (in the order given: strongest
+    evidence first) and at most `per_chain` over the stage's chain of attempts; the rest need
+    a probe (a drill on them, or bisection) before they are excluded.
+
+    Why 1 per attempt: independent node failures are rare events (a few a day on 10,000
+    nodes), so two in the same attempt are far likelier to share a cause (a switch, a file
+    system, a bad software roll-out) or to be victims of the first; excluding them all would
+    spend spares and hide that cause. Why 3 per chain: a systemic fault misread as node
+    faults would otherwise exclude a node per relaunch until the allocation is gone; after
+    three, further exclusions need a probe."""
+    sus = [s if isinstance(s, Suspect) else Suspect(str(s["node"]), str(s.get("reason", "")),
+                                                     dict(s.get("evidence") or {})) for s in suspects]
+    first: dict[str, Suspect] = {}
+    for s in sus:
+        first.setdefault(s.node, s)  # the first mention of a node (strongest evidence) wins
+    uniq = list(first.values())
+    room = max(0, min(per_attempt, per_chain - already_excluded))
+    exclude, probe = tuple(uniq[:room]), tuple(uniq[room:])
+    if not uniq:
+        reason = "no suspect"
+    elif not probe:
+        reason = f"excluding {', '.join(s.node for s in exclude)}"
+    elif room == 0:
+        reason = (f"{already_excluded} node(s) already excluded in this stage (limit {per_chain}): probe "
+                  f"{', '.join(s.node for s in probe)} before excluding more")
+    else:
+        reason = (f"excluding {', '.join(s.node for s in exclude)} (at most {per_attempt} per attempt); probe "
+                  f"{', '.join(s.node for s in probe)} first")
+    return Budget(exclude, probe, reason)
