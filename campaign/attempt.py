@@ -72,6 +72,9 @@ class AttemptRequest(StrictModel):
     """Nodes the ledger excludes on this site."""
     nodes: int = Field(ge=1)
     """Active nodes to launch on."""
+    rotate: int = Field(default=0, ge=0)
+    """Rotate the active nodes by this many places, so that ranks move to other nodes (the
+    confirming retry of a failure without evidence: does it follow the node or the rank?)."""
     ranks_per_node: int = Field(ge=1)
     launcher: str
     """`local`, `pals`, `mpich`, `srun` or `torchrun` (executors.launchers)."""
@@ -254,9 +257,24 @@ class StageContext:
                 q.add_event(s, run.campaign, kind, message, stage_run=run, attempt=a, data=data)
         self.engine.progress.event(message)
 
-    def exclude_suspects(self, outcome: AttemptOutcome, *, hours: float | None) -> list[str]:
-        """Exclude the outcome's suspect nodes on this site, with their evidence; returns them."""
-        return self._exclude(outcome, outcome.suspects, hours)
+    def exclude_suspects(self, outcome: AttemptOutcome, *, hours: float | None,
+                         only: list[str] | None = None) -> list[str]:
+        """Exclude the outcome's suspect nodes (those in `only`, if given) on this site, with
+        their evidence; returns the nodes excluded."""
+        return self._exclude(outcome, [s for s in outcome.suspects if only is None or s["node"] in only], hours)
+
+    def reclassify(self, outcome: AttemptOutcome, changes: dict[str, Any]) -> AttemptOutcome:
+        """Record what a later look at the evidence says of a finished attempt (the confirming
+        retry's verdict): its exit class, suspects, error and finding."""
+        outcome.report = {**outcome.report, **changes}
+        for unit in self.engine.writes("recording the confirmed verdict"):
+            with unit as s:
+                a = s.get(Attempt, outcome.attempt_id)
+                assert a is not None
+                a.state = outcome.exit_class
+                a.suspects = list(outcome.suspects)
+                a.summary = {**(a.summary or {}), **_summary(outcome.report)}
+        return outcome
 
     def exclude_stragglers(self, outcome: AttemptOutcome, *, hours: float | None) -> list[str]:
         """Exclude the outcome's straggler nodes (the spec asked for it)."""
@@ -286,13 +304,15 @@ class StageContext:
     def launch(self, *, steps: int, nodes: int | None = None, timeout_s: float, resume: bool = True,
                checkpoint_dir: Path | None = None, checkpoint_at: tuple[int, ...] = (), max_tokens: int | None = None,
                faults: tuple[Fault, ...] = (), label: str = "", train: dict[str, Any] | None = None,
-               interrupt: dict[str, Any] | None = None, watchdog: WatchdogPolicy | None = None) -> AttemptOutcome:
+               interrupt: dict[str, Any] | None = None, watchdog: WatchdogPolicy | None = None,
+               rotate: int = 0) -> AttemptOutcome:
         """Run one attempt of the trainer to `steps` on `nodes` active nodes and return its outcome.
 
         `resume`: continue from the newest complete checkpoint in `checkpoint_dir` (default:
         the stage's). `train`: overrides of the spec's trainer section for this attempt.
         `interrupt`: {"after_step": S, "signal": "SIGKILL"|"SIGTERM"}: the supervisor sends
         the signal to the whole job once step S is reported (a deliberate interruption).
+        `rotate`: move ranks to other nodes (see `AttemptRequest.rotate`).
         """
         from campaign.supervisor import free_port
         from campaign.train.config import RunConfig, TrainerConfig
@@ -321,6 +341,8 @@ class StageContext:
                                 excluded=excluded, timeout_s=timeout_s, faults=bool(faults), master_port=free_port(),
                                 interrupt=Interrupt.model_validate(interrupt) if interrupt else None,
                                 watchdog=watchdog)
+        if rotate:
+            request = request.model_copy(update={"rotate": rotate})
         request.config_path.write_text(config.model_dump_json(indent=2))
         self.engine.progress.attempt_started(self.run.name, number, n, steps, label)
         self.engine.current_run_dir = run_dir
@@ -430,5 +452,5 @@ def _tokens_base(run: StageRun, resume: bool) -> int:
 
 def _summary(rep: dict[str, Any]) -> dict[str, Any]:
     keep = ("duration_s", "killed_by", "stall", "first_failure", "launch_command", "launch_text", "error",
-            "detected_after_s", "spares", "allocation", "stragglers")
+            "detected_after_s", "spares", "allocation", "stragglers", "finding")
     return {k: rep.get(k) for k in keep if rep.get(k) not in (None, [])}

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from campaign import exits, report, watchdog
+from campaign import evidence, exits, report, watchdog
 from campaign.attempt import AttemptRequest
 
 POLL_S = 0.25
@@ -67,6 +67,8 @@ class AttemptReport:
     detected_after_s: float | None = None
     stragglers: list[dict[str, Any]] = field(default_factory=list)
     short_of_nodes: bool = False
+    finding: dict[str, Any] | None = None
+    """What the evidence says of a crash (`campaign.evidence.Finding`): node, systemic or unknown."""
 
 
 @dataclass
@@ -75,6 +77,7 @@ class _Job:
 
     procs: list[tuple[int, str, subprocess.Popen[bytes]]]  # (rank or -1 for a launcher, node, process)
     exits: dict[int, tuple[int, float]] = field(default_factory=dict)  # index -> (code, time)
+    stopped_at: float | None = None  # when the supervisor first signalled the job: later exits are not evidence
 
     def poll(self, now: float) -> None:
         for i, (_, _, p) in enumerate(self.procs):
@@ -94,6 +97,7 @@ class _Job:
         return rank, _norm(code), node, t
 
     def signal(self, sig: int) -> None:
+        self.stopped_at = self.stopped_at or time.time()
         for i, (_, _, p) in enumerate(self.procs):
             if i not in self.exits:
                 try:
@@ -135,28 +139,38 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
                             allocation=allocation, error=msg, short_of_nodes=True)
         return _finish(run_dir, out)
     hosts, spares = usable[:n], usable[n:]
+    if request.rotate:
+        hosts = hosts[request.rotate % n:] + hosts[:request.rotate % n]
     _prepare(request, run_dir, hosts)
     job, command, text = _start(request, hosts)
     verdict = _watch(job, request, hosts, start)
     failure = job.first_failure()
     if failure is not None and failure[0] == -1:  # one launcher process: its log names the rank
         failure = launcher_failure(run_dir / "logs" / "launcher.log", failure)
+    metrics, _ = report.read_metrics(run_dir)
+    finding = None
+    if verdict.killed_by is None and failure is not None:  # a crash: what does the evidence say?
+        finding = evidence.assess(_rank_exits(job, run_dir, failure), first_step=bool(metrics), nodes=hosts,
+                                  same_poll_s=1.0)
+        if finding.primary:
+            failure = (finding.primary["rank"], finding.primary["exit_code"], finding.primary["node"], failure[3])
     code = exits.STALLED if verdict.killed_by == "stalled" else (failure[1] if failure else 0)
     if verdict.killed_by == "exit_hung":  # the trainer's own last event says how it ended
         code = {"done": exits.OK, "deadline": exits.SIGTERM, "nonfinite_loss": exits.NONFINITE}.get(
             verdict.final_event or "", exits.STALLED)
-    metrics, _ = report.read_metrics(run_dir)
     policy = request.watchdog
     beats = report.read_heartbeats(run_dir)
     for node in hosts:  # what a killed job left on node-local storage (this host's nodes only)
         report.remove_node_local(run_dir, node, str(request.attempt))
-    # A rank that failed by itself is evidence; ranks the supervisor stopped are not.
-    suspects = verdict.suspects if verdict.killed_by else _crash_suspects(failure, code)
+    # A rank that failed by itself may be evidence (the finding says); ranks the supervisor stopped are not.
+    suspects = verdict.suspects if verdict.killed_by else [s.to_dict() for s in finding.suspects] if finding else []
     if verdict.killed_by == "stalled" and not suspects and len(hosts) > 1 and policy.drill_s > 0:
         suspects = [{"node": n, "reason": "hung in a collective drill when bisecting the allocation",
                      "evidence": {"drills": drills}} for n, drills in _bisect(request, hosts, policy)]
     if verdict.killed_by in ("stop", "interrupt"):
         exit_class = "cancelled"
+    elif finding is not None:
+        exit_class = exits.classify_finding(code, finding.kind)
     else:
         exit_class = exits.classify(code, suspects=bool(suspects))
     out = AttemptReport(
@@ -167,6 +181,7 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
         suspects=suspects, last_step=metrics[-1]["step"] if metrics else None, launch_command=command,
         launch_text=text,
         detected_after_s=verdict.detected_after_s, stragglers=watchdog.stragglers(beats, policy.straggler_ratio),
+        finding=finding.to_dict() if finding else None, error=finding.message if finding and code else None,
     )
     return _finish(run_dir, out)
 
@@ -390,13 +405,25 @@ def launcher_failure(log: Path, failure: tuple[int, int, str, float]) -> tuple[i
     return rank, code, node, failure[3]
 
 
-def _crash_suspects(failure: tuple[int, int, str, float] | None, code: int) -> list[dict[str, Any]]:
-    """The node of the rank that failed first, unless the failure is systemic by its code."""
-    if failure is None or not failure[2] or code in (exits.BROKEN_ENV, exits.NO_RETRY, exits.NONFINITE, exits.SIGTERM):
-        return []
-    rank, code, node, _ = failure
-    how = f"was killed by signal {code - 128}" if code > 128 else f"exited with {code}"
-    return [{"node": node, "reason": f"rank {rank} {how} first", "evidence": {"rank": rank, "exit_code": code}}]
+def _rank_exits(job: _Job, run_dir: Path, failure: tuple[int, int, str, float]) -> list[evidence.RankExit]:
+    """The evidence of a crash: every rank's exit with the tail of its log (local launcher),
+    or the failed rank the launcher named with its lines of the launcher's log."""
+    stopped = job.stopped_at
+    if job.procs and job.procs[0][0] == -1:  # one launcher process (mpiexec, srun)
+        log = run_dir / "logs" / "launcher.log"
+        rank, code, node, seen = failure
+        lines = evidence.split_by_rank(evidence.read_tail(log, lines=500))
+        tail = tuple((lines.get(rank) or lines.get(None) or [])[-evidence.TAIL_LINES:])
+        return [evidence.RankExit(rank, node, code, seen, log_path=str(log), log_tail=tail)]
+    out = []
+    for i, (rank, node, _) in enumerate(job.procs):
+        if i in job.exits:
+            code, seen = job.exits[i]
+            log = run_dir / "logs" / f"rank-{rank}.log"
+            out.append(evidence.RankExit.from_popen(rank, node, code, seen, log_path=str(log),
+                                                    log_tail=evidence.read_tail(log),
+                                                    stopped=stopped is not None and seen >= stopped))
+    return out
 
 
 def _norm(code: int) -> int:

@@ -5,12 +5,19 @@ so tokens and loss continue across attempts. When an attempt ends badly the exit
 decides (see `campaign.exits`):
 
 - `stalled`, `crashed_node`: exclude the suspect nodes (with their evidence, for
-  `exclusion_hours`), relaunch on the remaining nodes (spares) from the last checkpoint;
+  `exclusion_hours`; at most one per attempt and `exclusion_budget` per stage, the rest are
+  named but need a probe), relaunch on the remaining nodes (spares) from the last checkpoint;
+- `crashed_unknown`: a crash without evidence against a node (`campaign.evidence`): one
+  confirming relaunch with the ranks moved to other nodes, nobody excluded; if it fails the
+  same way, `evidence.confirm` decides: the failure followed the node (exclude it) or the
+  rank / moved with the job (systemic: stop);
 - `walltime`: the block's deadline; the trainer checkpointed; continue in a new block;
 - `block_lost`: the scheduler job ended under the attempt (cancelled, nodes failed): relaunch
   in the new block Parsl starts;
-- `crashed_systemic`: no node is blamed and none excluded; retried with backoff while the
-  attempt budget lasts (a broken file system can come back; a node swap cannot fix it);
+- `crashed_systemic`: no node is blamed and none excluded; one confirming retry after a
+  backoff (a file system can come back; a node swap cannot fix it), none when the evidence
+  says retrying cannot help (a usage error, a missing module); the verdict quotes the last
+  error line and names the rank's log;
 - `config_error`, `diverged`, `cancelled`: stop at once.
 A crash loop (no new step in `crash_loop` consecutive attempts) stops the stage early with
 that verdict instead of burning the allocation. Steps lost to each fault are recorded.
@@ -24,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from campaign import exits, report
+from campaign import evidence, exits, report
 from campaign.stagebase import StageSpec, Verdict
 from campaign.train.config import Fault
 from campaign.watchdog import WatchdogPolicy
@@ -32,7 +39,7 @@ from campaign.watchdog import WatchdogPolicy
 if TYPE_CHECKING:
     from campaign.attempt import AttemptOutcome, StageContext
 
-RELAUNCH = exits.RESUMABLE | {"crashed_systemic"}
+RELAUNCH = exits.RESUMABLE | exits.CONFIRM_ONCE | {"crashed_systemic"}
 """Exit classes after which the long run launches again (while the budget lasts): the
 resumable ones, and systemic failures (retried with backoff, never blaming a node)."""
 
@@ -56,6 +63,8 @@ class LongRunStage(StageSpec):
     """Wait before a relaunch after a systemic failure, doubled each time."""
     exclude_suspects: bool = True
     """Exclude the nodes a stall or a crash names (with evidence) before relaunching."""
+    exclusion_budget: int = Field(default=3, ge=0)
+    """At most this many nodes excluded in the stage (one per attempt) without a probe."""
     exclude_stragglers: bool = False
     """Also exclude straggler nodes (they are always reported, with their step-time ratio)."""
     exclusion_hours: float | None = Field(default=24.0, gt=0)
@@ -80,10 +89,14 @@ def run(ctx: StageContext, stage: LongRunStage) -> Verdict:
     outcomes: list[AttemptOutcome] = []
     excluded: list[str] = []
     while True:
+        confirming = bool(outcomes) and outcomes[-1].exit_class in exits.CONFIRM_ONCE
         outcome = ctx.launch(steps=steps, nodes=stage.nodes, timeout_s=stage.timeout_s, resume=True,
                              checkpoint_dir=ckpt, max_tokens=stage.tokens, watchdog=stage.watchdog,
                              train={"checkpoint_every": stage.checkpoint_every}, faults=tuple(stage.faults),
-                             label="" if not outcomes else f"relaunch {len(outcomes)}")
+                             label="" if not outcomes else "confirming retry" if confirming
+                             else f"relaunch {len(outcomes)}", rotate=1 if confirming else 0)
+        if confirming:
+            outcome = _confirmed(ctx, outcomes[-1], outcome)
         outcomes.append(outcome)
         if stage.exclude_stragglers and outcome.report.get("stragglers"):
             excluded += ctx.exclude_stragglers(outcome, hours=stage.exclusion_hours)
@@ -91,7 +104,13 @@ def run(ctx: StageContext, stage: LongRunStage) -> Verdict:
         if stop is not None:
             break
         if outcome.suspects and stage.exclude_suspects and outcome.exit_class in ("stalled", "crashed_node"):
-            excluded += ctx.exclude_suspects(outcome, hours=stage.exclusion_hours)
+            budget = evidence.exclusion_budget(outcome.suspects, already_excluded=len(excluded),
+                                               per_chain=stage.exclusion_budget)
+            excluded += ctx.exclude_suspects(outcome, hours=stage.exclusion_hours,
+                                             only=[s.node for s in budget.exclude])
+            if budget.probe:
+                ctx.event("exclusion_budget", f"not excluded without a probe: {budget.reason}",
+                          attempt_id=outcome.attempt_id, data={"probe": [s.node for s in budget.probe]})
         resumed = _newest_complete(ckpt)
         lost = (outcome.last_step or 0) - resumed
         ctx.event("relaunch", f"relaunching after {outcome.exit_class} (exit {outcome.exit_code}"
@@ -113,11 +132,31 @@ def next_action(outcomes: list[AttemptOutcome], stage: LongRunStage) -> str | No
         return "done"
     if last.exit_class not in RELAUNCH:
         return "not resumable"
+    finding = last.report.get("finding") or {}
+    if last.exit_class == "crashed_systemic" and (finding.get("retry") == "stop" or
+                                                  sum(o.exit_class == "crashed_systemic" for o in outcomes) > 1):
+        return "systemic"
+    if finding.get("retry") == "stop" and last.exit_class in exits.CONFIRM_ONCE:
+        return "systemic"
     if len(outcomes) >= stage.max_attempts:
         return "budget"
     if _no_progress(outcomes, stage.crash_loop):
         return "crash loop"
     return None
+
+
+def _confirmed(ctx: StageContext, first: AttemptOutcome, retry: AttemptOutcome) -> AttemptOutcome:
+    """The confirming retry's outcome with what the two failures say together
+    (`evidence.confirm`): the failure followed the node, the rank, or moved."""
+    before, now = first.report.get("finding"), retry.report.get("finding")
+    if not before or not now or retry.exit_code == 0:
+        return retry
+    finding = evidence.confirm(evidence.Finding.from_dict(before), evidence.Finding.from_dict(now))
+    cls = exits.classify_finding(retry.exit_code, finding.kind)
+    ctx.event("confirmed", f"confirming retry: {finding.message}", attempt_id=retry.attempt_id,
+              data={"finding": finding.to_dict()})
+    return ctx.reclassify(retry, {"finding": finding.to_dict(), "exit_class": cls, "error": finding.message,
+                                  "suspects": [s.to_dict() for s in finding.suspects]})
 
 
 def _no_progress(outcomes: list[Any], k: int) -> bool:
@@ -159,11 +198,13 @@ def judge(attempts: list[dict[str, Any]], *, steps: int, tokens: int | None, sto
             why += f": {last['error']}"
         if stop == "not resumable":
             why += "; not retried"
+        elif stop == "systemic":
+            why += "; systemic: retrying cannot help (no node blamed, none excluded)"
         elif stop == "budget":
             why += f"; attempt budget of {max_attempts} spent ({', '.join(str(c) for c in classes)})"
         elif stop == "crash loop":
             why += f"; crash loop: {crash_loop} attempts in a row made no progress"
-        if last.get("exit_class") == "crashed_systemic":
+        if last.get("exit_class") == "crashed_systemic" and stop != "systemic":
             why += "; systemic (no node blamed, none excluded)"
         return Verdict(False, why, numbers)
     reached = (final.get("tokens") or 0) >= tokens if tokens else (final.get("step") or 0) >= steps

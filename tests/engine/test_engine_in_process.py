@@ -82,14 +82,20 @@ def test_dry_run_shows_exactly_what_the_supervisor_launched(tmp_path: Path) -> N
 
 FAKE_TRAINER = textwrap.dedent('''
     """A stdlib trainer honouring the contract; its behaviour is chosen per rank by env."""
-    import os, sys, time
+    import os, signal, sys, time
     from campaign.report import Reporter
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     rep = Reporter.from_env(rank=rank, local_rank=int(os.environ["LOCAL_RANK"]), world_size=world)
     rep.startup({"ranks": [{"rank": r} for r in range(world)], "allreduce": {"got": 1, "expected": 1}})
     for step in range(1, 6):
         rep.phase("compute", step)
-        if os.environ.get("FAKE_CRASH_RANK") == str(rank) and step == 3:
+        if os.environ.get("FAKE_CRASH_RANK") in (str(rank), "all") and step == 3:
+            how = os.environ.get("FAKE_CRASH_HOW", "exit")
+            if how == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if how == "import":
+                print("ModuleNotFoundError: No module named 'flash_attn'", file=sys.stderr, flush=True)
+                sys.exit(1)
             sys.exit(3)
         hang = os.environ.get("FAKE_HANG_RANK")
         if hang is not None and step == 3:
@@ -123,10 +129,23 @@ def test_supervisor_reports_success_with_the_nodes_it_used(tmp_path: Path) -> No
     assert json.loads((tmp_path / "attempt-001" / "supervisor.json").read_text()) == rep
 
 
-def test_supervisor_names_the_node_of_the_rank_that_crashed(tmp_path: Path) -> None:
+def test_a_rank_killed_by_a_signal_is_evidence_against_its_node(tmp_path: Path) -> None:
+    rep = supervise(_request(tmp_path, {"FAKE_CRASH_RANK": "1", "FAKE_CRASH_HOW": "sigkill"}))
+    assert (rep["exit_code"], rep["exit_class"], rep["first_failure"]["rank"]) == (137, "crashed_node", 1)
+    assert [s["node"] for s in rep["suspects"]] == ["local-n1"] and rep["finding"]["kind"] == "node"
+
+
+def test_a_plain_exit_on_one_rank_blames_nobody_until_confirmed(tmp_path: Path) -> None:
+    """Exit 3 with nothing in the log: not evidence against the node (issue 13)."""
     rep = supervise(_request(tmp_path, {"FAKE_CRASH_RANK": "1"}))
-    assert rep["exit_code"] == 3 and rep["first_failure"]["rank"] == 1
-    assert [s["node"] for s in rep["suspects"]] == ["local-n1"]
+    assert (rep["exit_code"], rep["exit_class"], rep["suspects"]) == (3, "crashed_unknown", [])
+    assert rep["finding"]["retry"] == "confirm_once" and "rank-1.log" in rep["error"]
+
+
+def test_the_same_error_on_every_node_is_systemic_and_quoted(tmp_path: Path) -> None:
+    rep = supervise(_request(tmp_path, {"FAKE_CRASH_RANK": "all", "FAKE_CRASH_HOW": "import"}))
+    assert (rep["exit_class"], rep["suspects"]) == ("crashed_systemic", [])
+    assert "No module named 'flash_attn'" in rep["error"] and "rank-" in rep["error"]
 
 
 def test_supervisor_stops_a_stall_and_names_the_node_that_kept_computing(tmp_path: Path) -> None:
