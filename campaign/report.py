@@ -10,17 +10,23 @@ Writers, for a trainer (the built-in one, or your own script in three lines)::
         rep.step(step=step, tokens=tokens, loss=loss, step_time_s=dt)
     rep.close()                             # phase "done"
 
-Readers, for the orchestrator: `read_metrics` (`read_metrics_checked` also counts the rows
-it had to skip), `read_events`, `read_heartbeats`,
-`read_startup`, `list_checkpoints`.
+Readers, for the driver: `read_metrics` (`read_metrics_checked` also counts the rows it had
+to skip), `read_events` (`read_events_from` with a byte offset, for a poll loop),
+`read_heartbeats`, `read_startup`, `list_checkpoints`.
 
 Files in the attempt's run directory (`CAMPAIGN_RUN_DIR`):
 
 - `metrics.jsonl`  rank 0, one JSON object per logged optimizer step.
 - `events.jsonl`   rank 0, {"event", "step", "time", ...}.
 - `startup.json`   rank 0, once after init (world size, every rank, all-reduce check).
-- `heartbeats/<node>.json`  one file per node, rewritten atomically every heartbeat
-  interval by a daemon thread of the node's local rank 0. Every rank's own daemon thread
+- `heartbeats/group-GGGGG.slots`  the node heartbeats, HEARTBEAT_GROUP nodes per file: node i
+  of the hostfile owns the SLOT_BYTES-byte slot (i % HEARTBEAT_GROUP) of group i // HEARTBEAT_GROUP
+  and its local rank 0 overwrites that slot in place every heartbeat interval (one pwrite to a
+  file it keeps open: no create, rename or close per beat, so no metadata-server operation on
+  a shared filesystem; docs/performance.md, "Supervisor and heartbeats at Aurora size").
+  A node missing from the hostfile (or a trainer run without one) falls back to
+  `heartbeats/<node>.json`, rewritten atomically (tmp + rename) every interval.
+  `read_heartbeats` reads both layouts into the same {node: document}. Every rank's own daemon thread
   writes its state to a small file on node-local storage (/dev/shm, else the temp dir);
   local rank 0's thread folds them into the node's file. A rank's `time` is refreshed by
   its thread while the process lives, so a SIGSTOPped process goes stale; `phase`, `step`
@@ -40,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -68,6 +75,12 @@ STARTUP_FILE = "startup.json"
 HEARTBEAT_DIR = "heartbeats"
 COMPLETE_MARKER = ".complete"
 META_FILE = "meta.json"
+HEARTBEAT_GROUP = 256
+"""Nodes per heartbeat group file: 42 files at 10,624 nodes, so a reader opens 42 files, not 10,624."""
+SLOT_BYTES = 4096
+"""One node's slot in a group file: one page, so two nodes never write the same page (Lustre
+extent locks are page-granular). 12 ranks' states take ~1.5 KB; a node whose document does not
+fit falls back to its own `<node>.json`."""
 
 
 def checkpoint_name(step: int) -> str:
@@ -81,6 +94,95 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps(obj))
     os.replace(tmp, path)
+
+
+def heartbeat_slot(hostfile: str | os.PathLike[str] | None, node: str) -> tuple[int, str] | None:
+    """(index, name as the hostfile spells it) of `node` in the hostfile, or None.
+
+    Matches the exact name, else the short name (PBS_NODEFILE lists FQDNs, the host name is
+    short), so the heartbeat carries the name the supervisor knows the node by."""
+    if not hostfile:
+        return None
+    try:
+        hosts = Path(hostfile).read_text().split()
+    except OSError:
+        return None
+    short = node.split(".", 1)[0]
+    found = None
+    for i, h in enumerate(hosts):
+        if h == node:
+            return i, h
+        if found is None and h.split(".", 1)[0] == short:
+            found = (i, h)
+    return found
+
+
+def heartbeat_group_file(slot: int) -> str:
+    """Name (under heartbeats/) of the group file that holds hostfile slot `slot`."""
+    return f"group-{slot // HEARTBEAT_GROUP:05d}.slots"
+
+
+def heartbeat_slot_offset(slot: int) -> int:
+    """Byte offset of slot `slot` in its group file."""
+    return (slot % HEARTBEAT_GROUP) * SLOT_BYTES
+
+
+def encode_heartbeat_slot(doc: dict[str, Any]) -> bytes | None:
+    """One slot: `<crc32 hex> <json>\\n`, space-padded to SLOT_BYTES; None if it does not fit.
+
+    The CRC lets a reader reject a slot torn by a concurrent rewrite (a single write is atomic
+    against reads on Lustre, not on every local filesystem)."""
+    body = json.dumps(doc, separators=(",", ":")).encode()
+    rec = b"%08x %s\n" % (zlib.crc32(body), body)
+    if len(rec) > SLOT_BYTES:
+        return None
+    return rec.ljust(SLOT_BYTES, b" ")
+
+
+def decode_heartbeat_slot(rec: bytes) -> dict[str, Any] | None:
+    """The document of one slot; None if never written (zeros) or torn (CRC mismatch)."""
+    end = rec.find(b"\n")
+    if end < 10 or rec[8:9] != b" ":
+        return None
+    body = rec[9:end]
+    try:
+        if int(rec[:8], 16) != zlib.crc32(body):
+            return None
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+class _SlotCache:
+    """Decoded slots of the last heartbeat folder read, keyed by (file, offset) and checked
+    against the slot's exact bytes. Nodes rewrite their slot once per interval (1 s) while the
+    supervisor reads every poll (0.25 s), and twice on a stall poll (phases, then culprits):
+    most reads find the same bytes and skip the JSON decode, the bulk of a read at 10,624 nodes.
+    Documents are shared between calls: callers must not mutate them."""
+
+    def __init__(self) -> None:
+        self.folder: str | None = None
+        self.slots: dict[tuple[str, int], tuple[bytes, dict[str, Any]]] = {}
+        self.lock = threading.Lock()
+
+    def decode(self, folder: str, name: str, start: int, rec: bytes) -> dict[str, Any] | None:
+        rec = rec[:rec.find(b"\n") + 1]  # what decoding reads (the padding after it is not kept)
+        with self.lock:
+            if folder != self.folder:  # another run directory: forget the last one's slots
+                self.folder, self.slots = folder, {}
+            hit = self.slots.get((name, start))
+        if hit is not None and hit[0] == rec:
+            return hit[1]
+        doc = decode_heartbeat_slot(rec)
+        if doc is not None:
+            with self.lock:
+                if folder == self.folder:
+                    self.slots[(name, start)] = (rec, doc)
+        return doc
+
+
+_SLOT_CACHE = _SlotCache()
 
 
 def _append_line(path: Path, obj: dict[str, Any]) -> None:
@@ -114,10 +216,16 @@ class Reporter:
         node: str,
         attempt: str = "0",
         interval: float = 1.0,
+        slot: tuple[int, str] | None = None,
     ) -> None:
+        """`slot`: (index in the hostfile, name there) of this node (`heartbeat_slot`); local
+        rank 0 then writes the node's heartbeat into that slot of a group file, else into
+        `heartbeats/<node>.json`."""
         self.run_dir = Path(run_dir)
         self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
         self.node, self.interval = node, interval
+        self.slot = slot
+        self._slot_fd: int | None = None
         self.local_dir = _node_local_dir(str(run_dir), node, attempt)
         self.local_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / HEARTBEAT_DIR).mkdir(parents=True, exist_ok=True)
@@ -133,15 +241,18 @@ class Reporter:
     @classmethod
     def from_env(cls, *, rank: int, local_rank: int, world_size: int) -> Reporter:
         """Read CAMPAIGN_RUN_DIR (default: current dir), CAMPAIGN_NODE, CAMPAIGN_ATTEMPT,
-        CAMPAIGN_HEARTBEAT_INTERVAL from the environment."""
+        CAMPAIGN_HEARTBEAT_INTERVAL and CAMPAIGN_HOSTFILE (local rank 0: this node's
+        heartbeat slot) from the environment."""
+        node = node_name()
         return cls(
             os.environ.get("CAMPAIGN_RUN_DIR", "."),
             rank=rank,
             local_rank=local_rank,
             world_size=world_size,
-            node=node_name(),
+            node=node,
             attempt=os.environ.get("CAMPAIGN_ATTEMPT", "0"),
             interval=float(os.environ.get("CAMPAIGN_HEARTBEAT_INTERVAL", "1.0")),
+            slot=heartbeat_slot(os.environ.get("CAMPAIGN_HOSTFILE"), node) if local_rank == 0 else None,
         )
 
     # --- the training loop's calls ---------------------------------------------------
@@ -193,6 +304,9 @@ class Reporter:
                 time.sleep(0.02)
             self._publish()
             shutil.rmtree(self.local_dir, ignore_errors=True)
+        if self._slot_fd is not None:
+            os.close(self._slot_fd)
+            self._slot_fd = None
 
     def _all_local_done(self) -> bool:
         for f in self.local_dir.glob("rank-*.json"):
@@ -225,8 +339,17 @@ class Reporter:
                 except (OSError, ValueError):
                     continue  # being replaced right now; next beat picks it up
             ranks[str(self.rank)] = mine
-            doc = {"node": self.node, "time": time.time(), "ranks": dict(sorted(ranks.items()))}
-            write_json_atomic(self.run_dir / HEARTBEAT_DIR / f"{self.node}.json", doc)
+            name = self.slot[1] if self.slot is not None else self.node
+            doc = {"node": name, "time": time.time(), "ranks": dict(sorted(ranks.items()))}
+            rec = encode_heartbeat_slot(doc) if self.slot is not None else None
+            if rec is None:
+                write_json_atomic(self.run_dir / HEARTBEAT_DIR / f"{name}.json", doc)
+                return
+            assert self.slot is not None
+            if self._slot_fd is None:  # opened once, kept open: later beats are one pwrite each
+                path = self.run_dir / HEARTBEAT_DIR / heartbeat_group_file(self.slot[0])
+                self._slot_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            os.pwrite(self._slot_fd, rec, heartbeat_slot_offset(self.slot[0]))
 
 
 def node_name() -> str:
@@ -240,7 +363,7 @@ def node_name() -> str:
     return socket.gethostname()
 
 
-# --- readers (for the orchestrator) ---------------------------------------------------
+# --- readers (for the driver) ---------------------------------------------------
 STEP_MAX = 2**31 - 1
 """Largest step a metrics row may carry (the ledger stores steps as 32-bit integers)."""
 TOKENS_MAX = 10**18
@@ -368,15 +491,73 @@ def read_events(run_dir: str | os.PathLike[str]) -> list[dict]:
     return out
 
 
-def read_heartbeats(run_dir: str | os.PathLike[str]) -> dict[str, dict]:
-    """{node: heartbeat document} for every readable heartbeats/<node>.json."""
-    out = {}
-    for f in sorted((Path(run_dir) / HEARTBEAT_DIR).glob("*.json")):
+def read_events_from(run_dir: str | os.PathLike[str], offset: int = 0) -> tuple[list[dict], int]:
+    """Complete lines of events.jsonl from byte `offset`; returns (events, new_offset).
+
+    For a poll loop: reads only what was appended since the last call (`read_events` reads
+    the whole file every time). A partial last line is left for the next call."""
+    path = Path(run_dir) / EVENTS_FILE
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    out = []
+    for line in data[:end].splitlines():
         try:
-            doc = json.loads(f.read_text())
-        except (OSError, ValueError):
+            out.append(json.loads(line))
+        except ValueError:
             continue
-        out[doc.get("node", f.stem)] = doc
+    return out, offset + end
+
+
+def read_heartbeats(run_dir: str | os.PathLike[str]) -> dict[str, dict]:
+    """{node: heartbeat document} for every written slot of heartbeats/group-*.slots and
+    every readable heartbeats/<node>.json (the newer one where a node has both).
+
+    Cost: one directory listing and one open per file, i.e. about nodes / HEARTBEAT_GROUP
+    opens when the trainers write slots."""
+    out: dict[str, dict] = {}
+    folder = Path(run_dir) / HEARTBEAT_DIR
+    try:
+        entries = sorted(e.name for e in os.scandir(folder) if not e.name.startswith("."))
+    except OSError:
+        return out
+
+    def keep(name: str, doc: dict) -> None:
+        old = out.get(name)
+        if old is None or float(doc.get("time", 0)) >= float(old.get("time", 0)):
+            out[name] = doc
+
+    for name in entries:
+        path = folder / name
+        if name.endswith(".slots"):
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+                    for start in range(0, len(data) - SLOT_BYTES + 1, SLOT_BYTES):
+                        rec = data[start:start + SLOT_BYTES]
+                        if rec[:1] in (b"\0", b""):
+                            continue  # never written: the node has not beaten (yet)
+                        doc = _SLOT_CACHE.decode(str(folder), name, start, rec)
+                        for _ in range(3):  # torn by a concurrent rewrite: read the slot again
+                            if doc is not None:
+                                break
+                            time.sleep(0.001)
+                            f.seek(start)
+                            doc = decode_heartbeat_slot(f.read(SLOT_BYTES))
+                        if doc is not None and "node" in doc:
+                            keep(doc["node"], doc)
+            except OSError:
+                continue
+        elif name.endswith(".json"):
+            try:
+                doc = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            keep(doc.get("node", path.stem), doc)
     return out
 
 

@@ -312,9 +312,8 @@ def _watch(job: _Job, request: AttemptRequest, hosts: list[str], start: float) -
 def _observe(run_dir: Path, watch: watchdog.Watch, offsets: dict[str, int], now: float) -> None:
     rows, offsets["metrics"] = report.read_metrics(run_dir, offsets["metrics"])
     watch.saw_steps(rows, now)
-    events = report.read_events(run_dir)
-    watch.saw_events(events[offsets["events"]:], now)
-    offsets["events"] = len(events)
+    events, offsets["events"] = report.read_events_from(run_dir, offsets["events"])
+    watch.saw_events(events, now)
     phases = {r.get("phase") for b in report.read_heartbeats(run_dir).values() for r in b.get("ranks", {}).values()}
     watch.saw_phases({p for p in phases if p}, now)
 

@@ -92,3 +92,16 @@ def test_straggler_ratio_against_the_other_nodes() -> None:
     beats = {n: {"ranks": {"0": {"compute_s": t}}} for n, t in {"a": 0.1, "b": 0.11, "c": 0.5}.items()}
     found = stragglers(beats, 3.0)
     assert [s["node"] for s in found] == ["c"] and found[0]["ratio"] >= 4.5
+
+
+def test_straggler_median_of_the_others_matches_the_plain_definition() -> None:
+    import random
+    import statistics
+
+    rng = random.Random(7)
+    for _ in range(500):
+        times = {f"n{i}": rng.choice([0.0, 0.1, 0.1, 0.3, 1.0, rng.random()]) for i in range(rng.randint(0, 8))}
+        beats = {n: {"ranks": {"0": {"compute_s": t}}} for n, t in times.items()}
+        want = [n for n, t in sorted(times.items()) if len(times) > 1
+                and (m := statistics.median([v for k, v in times.items() if k != n])) > 0 and t >= 3.0 * m]
+        assert [s["node"] for s in stragglers(beats, 3.0)] == want
