@@ -11,9 +11,11 @@ A block is `qsub -l select=N:ncpus=208 -l filesystems=home:flare -l place=scatte
 ALCF recommends (https://docs.alcf.anl.gov/aurora/running-jobs-aurora/, and Parsl on
 Aurora: https://docs.alcf.anl.gov/aurora/workflows/parsl/). One Parsl worker runs on the
 head node; the trainer is started with PALS `mpiexec --hostfile` over the active nodes,
-12 ranks per node, `--cpu-bind=list:...` leaving cores 0 and 52 to the OS and one GPU tile
-per rank (`--gpu-bind=list:0.0:0.1:...`; set `gpu_bind: null` with
-`ZE_FLAT_DEVICE_HIERARCHY=FLAT`, see docs/launchers.md).
+12 ranks per node, `--cpu-bind=list:...` leaving cores 0 and 52 to the OS, and one GPU tile
+per rank: by default `ZE_FLAT_DEVICE_HIERARCHY=FLAT` is set on every rank (12 tiles seen as
+12 devices; rank i takes xpu:i) with no `--gpu-bind`, which fails under FLAT (ALCF, "Binding
+MPI ranks to GPUs"). `device_hierarchy: COMPOSITE` with `gpu_bind: list:0.0:0.1:...` binds
+tiles through PALS instead (each rank sees one device, xpu:0). See docs/launchers.md.
 
 `launcher: mpich` is a STAND-IN for tests on one machine (the PBS emulator in tests/infra):
 MPICH `mpiexec -launcher fork` starts every rank locally under the node names of
@@ -24,10 +26,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from campaign.executors import pbs
-from campaign.executors.launchers import AURORA_CPU_BIND, AURORA_GPU_BIND, AURORA_RANKS_PER_NODE
+from campaign.executors.launchers import (
+    AURORA_CPU_BIND,
+    AURORA_RANKS_PER_NODE,
+    AURORA_TILES_PER_NODE,
+)
 
 if TYPE_CHECKING:
     pass
@@ -47,14 +53,37 @@ class AuroraSite(pbs.PBSSite):
     """Ranks per node (12: one per GPU tile)."""
     cpu_bind: str | None = AURORA_CPU_BIND
     """PALS --cpu-bind value (default: 8 cores per rank, cores 0 and 52 left to the OS)."""
-    gpu_bind: str | None = AURORA_GPU_BIND
-    """PALS --gpu-bind value (default: rank i on tile i//2.i%2); null to leave binding to the trainer."""
+    device_hierarchy: Literal["FLAT", "COMPOSITE"] = "FLAT"
+    """ZE_FLAT_DEVICE_HIERARCHY set on every rank: FLAT (12 tiles = 12 devices, rank i takes
+    xpu:i) or COMPOSITE (6 GPUs of 2 tiles; needs gpu_bind for 12 ranks per node)."""
+    gpu_bind: str | None = None
+    """PALS --gpu-bind value, COMPOSITE only (e.g. `list:0.0:0.1:1.0:...:5.1`, rank i on tile i//2.i%2)."""
+
+    @model_validator(mode="after")
+    def _devices_can_be_placed(self) -> AuroraSite:
+        if self.launcher == "mpich" or "ZE_FLAT_DEVICE_HIERARCHY" in self.env:
+            if self.env.get("ZE_FLAT_DEVICE_HIERARCHY", self.device_hierarchy) != self.device_hierarchy:
+                raise ValueError("site.env: ZE_FLAT_DEVICE_HIERARCHY contradicts site.device_hierarchy; "
+                                 "set device_hierarchy only")
+            if self.launcher == "mpich":
+                return self
+        from campaign.train.placement import first_node_placement
+
+        rows = first_node_placement(self.ranks_per_node, self.cpu_bind, self.gpu_bind, self.env,
+                                    flat=self.device_hierarchy == "FLAT", device_type="xpu",
+                                    node_devices=AURORA_TILES_PER_NODE if self.device_hierarchy == "FLAT" else 6)
+        bad = next((r for r in rows if r.get("error")), None)
+        if bad:
+            raise ValueError(f"site.gpu_bind: local rank {bad['local_rank']} cannot be placed "
+                             f"(device_hierarchy {self.device_hierarchy}): {bad['error']}")
+        return self
 
     def launch_options(self) -> dict[str, Any]:
         """The supervisor's `request["launch"]`: binding and extra environment."""
         if self.launcher == "mpich":  # every rank runs here: no binding, loopback rendezvous
             return {"env": {"MASTER_ADDR": "127.0.0.1", **self.env}}
-        return {"cpu_bind": self.cpu_bind, "gpu_bind": self.gpu_bind, "env": dict(self.env)}
+        env = {"ZE_FLAT_DEVICE_HIERARCHY": self.device_hierarchy, **self.env}
+        return {"cpu_bind": self.cpu_bind, "gpu_bind": self.gpu_bind, "env": env}
 
 
 _pbs = pbs.functions(CPUS_PER_NODE, "", "DRYRUN.aurora-pbs-0001.hostmgmt.cm.aurora.alcf.anl.gov")

@@ -12,9 +12,10 @@ Binding strings are passed through in the launcher's own syntax (PALS ``--cpu-bi
 Hydra ``-bind-to``, Slurm ``--cpu-bind``). Site presets verified against the ALCF docs:
 
 * Aurora (https://docs.alcf.anl.gov/aurora/running-jobs-aurora/): 12 ranks/node,
-  :data:`AURORA_CPU_BIND` leaves cores 0 and 52 (reserved for the OS) free;
-  :data:`AURORA_GPU_BIND` binds rank ``i`` of a node to tile ``i//2 . i%2`` without the
-  ``gpu_tile_compact.sh`` wrapper.
+  :data:`AURORA_CPU_BIND` leaves cores 0 and 52 (reserved for the OS) free; by default
+  :data:`AURORA_FLAT_ENV` (``ZE_FLAT_DEVICE_HIERARCHY=FLAT``, 12 tiles = 12 devices, no
+  ``--gpu-bind``); under COMPOSITE :data:`AURORA_GPU_BIND` binds rank ``i`` of a node to
+  tile ``i//2 . i%2`` without the ``gpu_tile_compact.sh`` wrapper.
 * Polaris (https://docs.alcf.anl.gov/polaris/running-jobs/ and
   https://docs.alcf.anl.gov/polaris/running-jobs/using-gpus/): 4 ranks/node,
   ``--depth=8 --cpu-bind=depth``; PALS cannot bind GPUs there, so
@@ -36,8 +37,10 @@ from typing import Any
 
 __all__ = [
     "AURORA_CPU_BIND",
+    "AURORA_FLAT_ENV",
     "AURORA_GPU_BIND",
     "AURORA_RANKS_PER_NODE",
+    "AURORA_TILES_PER_NODE",
     "DEFAULT_MASTER_PORT",
     "KNOWN_LAUNCHERS",
     "LaunchPlan",
@@ -59,10 +62,17 @@ DEFAULT_MASTER_PORT = 29500  # torch.distributed's default
 # to cores", Example 4): 12 ranks x 8 cores, 6 per socket, cores 0 and 52 left free.
 AURORA_RANKS_PER_NODE = 12
 AURORA_CPU_BIND = "list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100"
-# Same page, "Binding MPI ranks to GPUs using --gpu-bind": one rank per tile. The page
-# warns it fails for implicit (whole-GPU) lists and with ZE_FLAT_DEVICE_HIERARCHY=FLAT
-# (the frameworks module); there leave gpu_bind None and pick xpu:LOCAL_RANK in the trainer.
+# Same page, "Binding MPI ranks to GPUs using --gpu-bind": one rank per tile, for
+# ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE only. The page warns it fails for implicit (whole-GPU)
+# lists and with ZE_FLAT_DEVICE_HIERARCHY=FLAT ("launch failed ...: Failed to parse implicit
+# GPU selection"), the mode the `frameworks` module sets and "preferred for AI/ML frameworks",
+# and recommends no binding script with that module.
 AURORA_GPU_BIND = "list:0.0:0.1:1.0:1.1:2.0:2.1:3.0:3.1:4.0:4.1:5.0:5.1"
+# The Aurora default: FLAT, set by us on every rank (so it does not depend on the modules
+# loaded), 12 tiles seen as 12 devices, no --gpu-bind; the trainer takes xpu:<local rank>
+# (campaign/train/placement.py). Intel: https://www.intel.com/content/www/us/en/developer/articles/technical/flattening-gpu-tile-hierarchy.html
+AURORA_FLAT_ENV: tuple[tuple[str, str], ...] = (("ZE_FLAT_DEVICE_HIERARCHY", "FLAT"),)
+AURORA_TILES_PER_NODE = 12  # devices a node shows under FLAT; 6 GPUs under COMPOSITE
 
 # https://docs.alcf.anl.gov/polaris/running-jobs/using-gpus/ : 4 A100s per node, ranks
 # spread with --depth=8 --cpu-bind depth; GPUs assigned in reverse order (topology) by

@@ -44,7 +44,11 @@ def test_aurora_defaults_follow_the_alcf_docs() -> None:
     assert (site.ranks_per_node, site.launcher, site.filesystems, site.place) == (12, "pals", "home:flare", "scatter")
     assert site.node_names() is None and site.walltime_s == 3600
     opts = site.launch_options()
-    assert opts["cpu_bind"] == launchers.AURORA_CPU_BIND and opts["gpu_bind"] == launchers.AURORA_GPU_BIND
+    # FLAT set by us, no --gpu-bind (it fails under FLAT: docs.alcf.anl.gov/aurora/running-jobs-aurora/)
+    assert opts["cpu_bind"] == launchers.AURORA_CPU_BIND and opts["gpu_bind"] is None
+    assert opts["env"] == {"ZE_FLAT_DEVICE_HIERARCHY": "FLAT"} and site.device_hierarchy == "FLAT"
+    composite = AuroraSite(account="p", device_hierarchy="COMPOSITE", gpu_bind=launchers.AURORA_GPU_BIND)
+    assert composite.launch_options()["env"] == {"ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE"}
     # the single-machine stand-in: no PALS binding, loopback rendezvous
     assert AuroraSite(account="p", launcher="mpich").launch_options() == {"env": {"MASTER_ADDR": "127.0.0.1"}}
 
