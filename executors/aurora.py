@@ -2,8 +2,11 @@
 
 Fields a user changes (in the campaign file, under `site:`):
     account        your ALCF project (qsub -A)
-    queue          `debug` (1-2 nodes), `debug-scaling` (2-31), `prod` (routes by size)
-    walltime       of one block, HH:MM:SS (prod: up to 6 h for <= 512 nodes, 12 h for 513-1024)
+    queue          `debug` (default: 1-2 nodes, 1 h), `debug-scaling` (2-31, 1 h), `prod` (routes by
+                   size: tiny <= 512 nodes / 6 h, small <= 1024 / 12 h, medium <= 1919 / 18 h,
+                   large / 24 h); the block (nodes + spares, walltime) is checked against
+                   executors/queues.py
+    walltime       of one block, HH:MM:SS
     nodes, spares  active nodes a stage may use, and extra nodes that replace excluded ones
     worker_init    activates your environment, e.g. `module load frameworks; source ~/venv/bin/activate`
 

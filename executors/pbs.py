@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from campaign.executors import batch
+from campaign.executors import batch, queues
 
 if TYPE_CHECKING:
     from parsl.config import Config
@@ -24,14 +24,31 @@ class PBSSite(batch.BatchSite):
 
     account: str = Field(min_length=1)
     """ALCF project charged for the blocks (qsub -A)."""
-    queue: str = "prod"
-    """PBS queue: debug, debug-scaling, prod (a routing queue)."""
+    queue: str = "debug"
+    """PBS queue: debug, debug-scaling, prod (a routing queue), ...; the block (nodes + spares,
+    walltime) must fit its limits (executors/queues.py). `debug` takes the default block
+    (2 nodes, 1 h) on Aurora and Polaris; a larger block names the queues that take it."""
     filesystems: str = "home:flare"
     """Filesystems the job needs (-l filesystems=)."""
     place: str = "scatter"
     """Chunk placement (-l place=)."""
     launcher: Literal["pals", "mpich"] = "pals"
     """`pals` on the machine; `mpich` (mpiexec -launcher fork) is the single-machine test stand-in."""
+
+    @model_validator(mode="after")
+    def _queue_takes_the_block(self) -> PBSSite:
+        table = queues.TABLES.get(getattr(self, "kind", ""))
+        if table is not None:
+            problems, _ = queues.check(table, self.queue, self.block_nodes, self.walltime_s)
+            if problems:
+                raise ValueError("site.queue: " + "; ".join(problems))
+        return self
+
+    def queue_warnings(self) -> list[str]:
+        """What the queue table cannot vouch for: by-request or preemptable queues, ALCF's
+        approximate largest sizes, queues not in the table."""
+        table = queues.TABLES.get(getattr(self, "kind", ""))
+        return queues.check(table, self.queue, self.block_nodes, self.walltime_s)[1] if table else []
 
 
 def directives(site: PBSSite) -> str:
