@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make demo   set up .venv, then run the whole local campaign (examples/local.yaml) and show its status
 #   make test   set up .venv and the system packages the tests use, then run the test suite
+#   make wheel-check   the built wheel, installed without extras, runs the local campaign
 # TORCH is what gets installed when the venv has no torch yet; on a machine whose torch
 # is already suitable (e.g. a venv made with --system-site-packages on Aurora) nothing is replaced.
 
@@ -9,7 +10,7 @@ PY    := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast setup system-deps clean
+.PHONY: demo test test-fast wheel-check setup system-deps clean
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/campaign submit examples/local.yaml
@@ -20,6 +21,11 @@ test: $(VENV)/.installed system-deps
 
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# Build the wheel, install it without extras into a fresh venv (TORCH first), run
+# examples/local.yaml from a temp dir outside the tree and plot it (.ci/wheel-check; ~3 min).
+wheel-check: $(VENV)/.installed
+	PY=$(PY) TORCH="$(TORCH)" bash .ci/wheel-check
 
 setup: $(VENV)/.installed
 

@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sqlalchemy as sa  # noqa: E402
 
 from campaign import report, supervisor, watchdog  # noqa: E402
-from campaign.executors import launchers  # noqa: E402
+from campaign.executors import aurora, launchers  # noqa: E402
 from campaign.ledger import open_ledger  # noqa: E402
 from campaign.ledger.models import Attempt, StageRun, StepMetric  # noqa: E402
 # The ledger API this benchmark drives, imported in ONE place (queries.py is being split into
@@ -61,7 +61,7 @@ from campaign.ledger.queries import (  # noqa: E402
     create_attempt, create_campaign, describe_campaign, ensure_stage_runs, get_campaign, ingest_steps,
     sample_campaign_steps, set_campaign_state)
 
-RANKS_PER_NODE = launchers.AURORA_RANKS_PER_NODE
+RANKS_PER_NODE = aurora.RANKS_PER_NODE
 INTERVAL_S = 1.0  # the engine's CAMPAIGN_HEARTBEAT_INTERVAL
 PG_ADMIN = os.environ.get("CAMPAIGN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -254,7 +254,7 @@ def poll_parts(run: Path, n: int, layout: str, repeat: int, now: float) -> dict[
             hosts=tuple(hosts), ranks_per_node=RANKS_PER_NODE, argv=("python3", "-m", "campaign.train", "--config",
                                                                      str(run / "trainer.json")),
             env=(("CAMPAIGN_RUN_DIR", str(run)), ("CAMPAIGN_HOSTFILE", str(run / "hostfile"))),
-            hostfile=str(run / "hostfile"), cpu_bind=launchers.AURORA_CPU_BIND, gpu_bind=launchers.AURORA_GPU_BIND,
+            hostfile=str(run / "hostfile"), cpu_bind=aurora.CPU_BIND, gpu_bind=aurora.GPU_BIND,
             master_port=29500)
         cmd = launchers.build_command("pals", plan)
         assert cmd[2] == str(n * RANKS_PER_NODE)

@@ -43,13 +43,15 @@ def estimate(stage: StageSpec, tokens_per_s: float | None) -> Estimate:
 
 
 def warnings(spec: CampaignSpec, tokens_per_s: float | None = None) -> list[str]:
-    """What cannot finish within the block's walltime (nothing for sites without one)."""
+    """What cannot finish within the block's walltime (nothing for sites without one), and
+    what the site's queue table cannot vouch for (`site.queue_warnings()`)."""
     site = spec.site
     if not isinstance(site, BatchSite):  # the local site's simulated walltime is per attempt
         return []
     wall = float(site.walltime_s)
     rate = tokens_per_s or site.expected_tokens_per_s
-    out, total = [], 0.0
+    out: list[str] = [f"site.queue: {w}" for w in site.queue_warnings()]
+    total = 0.0
     for stage in spec.stages:
         if stage.kind == "long_run" and not (getattr(stage, "tokens", None) and rate):
             out.append(f"stage {stage.label}: no throughput known to check its target against the block walltime; "

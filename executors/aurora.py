@@ -2,8 +2,11 @@
 
 Fields a user changes (in the campaign file, under `site:`):
     account        your ALCF project (qsub -A)
-    queue          `debug` (1-2 nodes), `debug-scaling` (2-31), `prod` (routes by size)
-    walltime       of one block, HH:MM:SS (prod: up to 6 h for <= 512 nodes, 12 h for 513-1024)
+    queue          `debug` (default: 1-2 nodes, 1 h), `debug-scaling` (2-31, 1 h), `prod` (routes by
+                   size: tiny <= 512 nodes / 6 h, small <= 1024 / 12 h, medium <= 1919 / 18 h,
+                   large / 24 h); the block (nodes + spares, walltime) is checked against
+                   executors/queues.py
+    walltime       of one block, HH:MM:SS
     nodes, spares  active nodes a stage may use, and extra nodes that replace excluded ones
     worker_init    activates your environment, e.g. `module load frameworks; source ~/venv/bin/activate`
 
@@ -11,9 +14,11 @@ A block is `qsub -l select=N:ncpus=208 -l filesystems=home:flare -l place=scatte
 ALCF recommends (https://docs.alcf.anl.gov/aurora/running-jobs-aurora/, and Parsl on
 Aurora: https://docs.alcf.anl.gov/aurora/workflows/parsl/). One Parsl worker runs on the
 head node; the trainer is started with PALS `mpiexec --hostfile` over the active nodes,
-12 ranks per node, `--cpu-bind=list:...` leaving cores 0 and 52 to the OS and one GPU tile
-per rank (`--gpu-bind=list:0.0:0.1:...`; set `gpu_bind: null` with
-`ZE_FLAT_DEVICE_HIERARCHY=FLAT`, see docs/launchers.md).
+12 ranks per node, `--cpu-bind=list:...` leaving cores 0 and 52 to the OS, and one GPU tile
+per rank: by default `ZE_FLAT_DEVICE_HIERARCHY=FLAT` is set on every rank (12 tiles seen as
+12 devices; rank i takes xpu:i) with no `--gpu-bind`, which fails under FLAT (ALCF, "Binding
+MPI ranks to GPUs"). `device_hierarchy: COMPOSITE` with `gpu_bind: list:0.0:0.1:...` binds
+tiles through PALS instead (each rank sees one device, xpu:0). See docs/launchers.md.
 
 `launcher: mpich` is a STAND-IN for tests on one machine (the PBS emulator in tests/infra):
 MPICH `mpiexec -launcher fork` starts every rank locally under the node names of
@@ -24,7 +29,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from campaign.executors import pbs
 from campaign.executors.base import LaunchOptions
@@ -33,10 +38,19 @@ from campaign.executors.base import LaunchOptions
 # to cores", Example 4): 12 ranks x 8 cores, 6 per socket, cores 0 and 52 left free.
 RANKS_PER_NODE = 12
 CPU_BIND = "list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100"
-# Same page, "Binding MPI ranks to GPUs using --gpu-bind": one rank per tile. The page
-# warns it fails for implicit (whole-GPU) lists and with ZE_FLAT_DEVICE_HIERARCHY=FLAT
-# (the frameworks module); there leave gpu_bind None and pick xpu:LOCAL_RANK in the trainer.
+# Same page, "Binding MPI ranks to GPUs using --gpu-bind": one rank per tile, for
+# ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE only. The page warns it fails for implicit (whole-GPU)
+# lists and with ZE_FLAT_DEVICE_HIERARCHY=FLAT ("launch failed ...: Failed to parse implicit
+# GPU selection"), the mode the `frameworks` module sets and "preferred for AI/ML frameworks",
+# and recommends no binding script with that module.
 GPU_BIND = "list:0.0:0.1:1.0:1.1:2.0:2.1:3.0:3.1:4.0:4.1:5.0:5.1"
+# The Aurora default: FLAT, set by us on every rank (so it does not depend on the modules
+# loaded), 12 tiles seen as 12 devices, no --gpu-bind; the trainer takes xpu:<local rank>
+# (campaign/train/placement.py). Intel: https://www.intel.com/content/www/us/en/developer/articles/technical/flattening-gpu-tile-hierarchy.html
+TILES_PER_NODE = 12
+"""Devices a node shows under FLAT."""
+GPUS_PER_NODE = 6
+"""Devices a node shows under COMPOSITE (two tiles each)."""
 
 
 class AuroraSite(pbs.PBSSite):
@@ -54,11 +68,34 @@ class AuroraSite(pbs.PBSSite):
     """Ranks per node (12: one per GPU tile)."""
     cpu_bind: str | None = CPU_BIND
     """PALS --cpu-bind value (default: 8 cores per rank, cores 0 and 52 left to the OS)."""
-    gpu_bind: str | None = GPU_BIND
-    """PALS --gpu-bind value (default: rank i on tile i//2.i%2); null to leave binding to the trainer."""
+    device_hierarchy: Literal["FLAT", "COMPOSITE"] = "FLAT"
+    """ZE_FLAT_DEVICE_HIERARCHY set on every rank: FLAT (12 tiles = 12 devices, rank i takes
+    xpu:i) or COMPOSITE (6 GPUs of 2 tiles; needs gpu_bind for 12 ranks per node)."""
+    gpu_bind: str | None = None
+    """PALS --gpu-bind value, COMPOSITE only (e.g. `list:0.0:0.1:1.0:...:5.1`, rank i on tile i//2.i%2)."""
+
+    @model_validator(mode="after")
+    def _devices_can_be_placed(self) -> AuroraSite:
+        if self.launcher == "mpich" or "ZE_FLAT_DEVICE_HIERARCHY" in self.env:
+            if self.env.get("ZE_FLAT_DEVICE_HIERARCHY", self.device_hierarchy) != self.device_hierarchy:
+                raise ValueError("site.env: ZE_FLAT_DEVICE_HIERARCHY contradicts site.device_hierarchy; "
+                                 "set device_hierarchy only")
+            if self.launcher == "mpich":
+                return self
+        from campaign.train.placement import first_node_placement
+
+        rows = first_node_placement(self.ranks_per_node, self.cpu_bind, self.gpu_bind, self.env,
+                                    flat=self.device_hierarchy == "FLAT", device_type="xpu",
+                                    node_devices=TILES_PER_NODE if self.device_hierarchy == "FLAT" else GPUS_PER_NODE)
+        bad = next((r for r in rows if r.get("error")), None)
+        if bad:
+            raise ValueError(f"site.gpu_bind: local rank {bad['local_rank']} cannot be placed "
+                             f"(device_hierarchy {self.device_hierarchy}): {bad['error']}")
+        return self
 
     def launch_options(self) -> LaunchOptions:
         """CPU and GPU binding, and extra environment."""
         if self.launcher == "mpich":  # every rank runs here: no binding, loopback rendezvous
             return LaunchOptions(env={"MASTER_ADDR": "127.0.0.1", **self.env})
-        return LaunchOptions(env=dict(self.env), cpu_bind=self.cpu_bind, gpu_bind=self.gpu_bind)
+        env = {"ZE_FLAT_DEVICE_HIERARCHY": self.device_hierarchy, **self.env}
+        return LaunchOptions(env=env, cpu_bind=self.cpu_bind, gpu_bind=self.gpu_bind)

@@ -109,6 +109,10 @@ class BatchSite(Site):
         """(batch script, submit command) of the first block; nothing is submitted or written."""
         return dry_run_block(self.provider, type(self.provider()), self, script_dir, self.dry_run_job_output)
 
+    def queue_warnings(self) -> list[str]:
+        """What the site's queue limits cannot vouch for (PBS sites check their queue table)."""
+        return []
+
     def renewed(self, excluded: list[str]) -> Site | None:
         """A block with as many more spares as nodes were excluded (the scheduler may hand
         back an excluded node; the supervisor skips it). Slurm does better: `--exclude`."""

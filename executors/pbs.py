@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from campaign.executors import batch
+from campaign.executors import batch, queues
 
 if TYPE_CHECKING:
     from parsl.providers import PBSProProvider
@@ -25,8 +25,10 @@ class PBSSite(batch.BatchSite):
 
     account: str = Field(min_length=1)
     """ALCF project charged for the blocks (qsub -A)."""
-    queue: str = "prod"
-    """PBS queue: debug, debug-scaling, prod (a routing queue)."""
+    queue: str = "debug"
+    """PBS queue: debug, debug-scaling, prod (a routing queue), ...; the block (nodes + spares,
+    walltime) must fit its limits (executors/queues.py). `debug` takes the default block
+    (2 nodes, 1 h) on Aurora and Polaris; a larger block names the queues that take it."""
     filesystems: str = "home:flare"
     """Filesystems the job needs (-l filesystems=)."""
     place: str = "scatter"
@@ -45,6 +47,21 @@ class PBSSite(batch.BatchSite):
     @property
     def dry_run_job_output(self) -> str:
         return self.DRY_RUN_JOB_ID
+
+    @model_validator(mode="after")
+    def _queue_takes_the_block(self) -> PBSSite:
+        table = queues.TABLES.get(str(getattr(self, "kind")))
+        if table is not None:
+            problems, _ = queues.check(table, self.queue, self.block_nodes, self.walltime_s)
+            if problems:
+                raise ValueError("site.queue: " + "; ".join(problems))
+        return self
+
+    def queue_warnings(self) -> list[str]:
+        """What the queue table cannot vouch for: by-request or preemptable queues, ALCF's
+        approximate largest sizes, queues not in the table."""
+        table = queues.TABLES.get(str(getattr(self, "kind")))
+        return queues.check(table, self.queue, self.block_nodes, self.walltime_s)[1] if table else []
 
 
 def directives(site: PBSSite) -> str:

@@ -2,7 +2,9 @@
 
 Fields a user changes (in the campaign file, under `site:`):
     account        your ALCF project (qsub -A)
-    queue          `debug` (1-2 nodes), `debug-scaling` (1-10), `prod`
+    queue          `debug` (default: 1-2 nodes, 1 h), `debug-scaling` (1-10, 1 h), `prod` (10-496
+                   nodes, routes by size: <= 24 / 3 h, <= 99 / 6 h, <= 496 / 24 h), `preemptable`,
+                   ...; the block (nodes + spares, walltime) is checked against executors/queues.py
     walltime       of one block, HH:MM:SS
     nodes, spares  active nodes a stage may use, and extra nodes that replace excluded ones
     worker_init    activates your environment, e.g. `module use /soft/modulefiles; module load conda; conda activate base`

@@ -2,7 +2,7 @@
 
 Parse the config, initialise the process group, train, tear down. Exit codes follow the
 trainer contract (campaign.report): 127 if torch or the trainer cannot be imported, 93 for
-a bad config, 0 / 143 / 94 from the loop.
+a bad config or a rank that cannot be placed on a device, 0 / 143 / 94 from the loop.
 """
 
 from __future__ import annotations
@@ -42,7 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg = _load_config(args.config)
     faults.check_allowed(cfg.faults)
     stop = signals.StopFlag().install()
-    env = dist.init(cfg.train.device, cfg.train.backend)
+    from campaign.train.placement import PlacementError
+
+    try:
+        env = dist.init(cfg.train.device, cfg.train.backend)
+    except PlacementError as exc:  # the launch itself is wrong (binding, rank variables): do not retry
+        print(f"campaign.train: cannot place this rank: {exc}", file=sys.stderr, flush=True)
+        return report.EXIT_BAD_CONFIG
     rep = report.Reporter.from_env(rank=env.rank, local_rank=env.local_rank,
                                    world_size=env.world_size)
     os.makedirs(cfg.run.checkpoint_dir, exist_ok=True)

@@ -1,11 +1,11 @@
 """The one module that reads the distributed environment (like nanochat's compute_init).
 
-Rank, world size and local rank come from, in order: torchrun (RANK, WORLD_SIZE,
-LOCAL_RANK, LOCAL_WORLD_SIZE), PMI/PALS from mpiexec (PMI_RANK, PMI_SIZE,
-PALS_LOCAL_RANKID or MPI_LOCALRANKID, PALS_LOCAL_SIZE or MPI_LOCALNRANKS), Slurm
-(SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE); none of them: a single
-process. MASTER_ADDR: the environment, else the first line of CAMPAIGN_HOSTFILE;
-MASTER_PORT: the environment, else CAMPAIGN_MASTER_PORT, else 29500.
+Rank, world size, local rank and the device index come from `campaign.train.placement`
+(stdlib only, shared with the orchestrator's dry run): torchrun, PALS, MPICH Hydra,
+Open MPI or Slurm (srun with --mpi=none/pmi2/pmix) variables; none of them: a single
+process. The device index honours what the launcher or a wrapper left visible (one
+visible GPU: device 0). MASTER_ADDR: the environment, else the first line of
+CAMPAIGN_HOSTFILE; MASTER_PORT: the environment, else CAMPAIGN_MASTER_PORT, else 29500.
 """
 
 from __future__ import annotations
@@ -19,13 +19,7 @@ import torch
 import torch.distributed as dist
 
 from campaign import report
-
-_SOURCES = (
-    ("RANK", "WORLD_SIZE", ("LOCAL_RANK",), ("LOCAL_WORLD_SIZE",)),
-    ("PMI_RANK", "PMI_SIZE", ("PALS_LOCAL_RANKID", "MPI_LOCALRANKID"),
-     ("PALS_LOCAL_SIZE", "MPI_LOCALNRANKS")),
-    ("SLURM_PROCID", "SLURM_NTASKS", ("SLURM_LOCALID",), ("SLURM_NTASKS_PER_NODE",)),
-)
+from campaign.train import placement
 
 # NVLink multicast can take a shared host's GPUs out of service: keep it off.
 _CUDA_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -49,21 +43,10 @@ class DistEnv:
         return self.rank == 0
 
 
-def _first(env: dict[str, str], names: tuple[str, ...]) -> str | None:
-    return next((env[n] for n in names if env.get(n)), None)
-
-
 def read_ranks(env: dict[str, str] | None = None) -> tuple[int, int, int, int]:
     """(rank, world_size, local_rank, local_world_size) from the launcher's variables."""
-    env = dict(os.environ if env is None else env)
-    for rank_var, size_var, local_vars, local_size_vars in _SOURCES:
-        if env.get(rank_var) and env.get(size_var):
-            rank, world = int(env[rank_var]), int(env[size_var])
-            local = _first(env, local_vars)
-            # SLURM_NTASKS_PER_NODE may read "4(x2)"; keep the leading number.
-            lsize = (_first(env, local_size_vars) or str(world)).split("(")[0].split(",")[0]
-            return rank, world, int(local) if local is not None else 0, int(lsize)
-    return 0, 1, 0, 1
+    p = placement.placement(os.environ if env is None else env)
+    return p.rank, p.world_size, p.local_rank, p.local_world_size
 
 
 def master_addr_port(env: dict[str, str] | None = None) -> tuple[str, str]:
@@ -94,16 +77,19 @@ def pick_backend(device_type: str, backend: str = "auto") -> str:
 
 def init(device: str = "auto", backend: str = "auto", timeout_s: float = 1800) -> DistEnv:
     """Set the device of this local rank, then init the process group (always, even W=1)."""
-    rank, world, local_rank, local_world = read_ranks()
     dtype = pick_device(device)
+    count = {"cuda": lambda: torch.cuda.device_count(), "xpu": lambda: torch.xpu.device_count()}.get(dtype)
+    # Raises PlacementError (a ValueError: exit 93, do not retry) where the device is surely wrong.
+    where = placement.placement(os.environ, count() if count else None, dtype)
+    rank, world, local_rank, local_world = where.rank, where.world_size, where.local_rank, where.local_world_size
     if dtype == "cuda":
         for k, v in _CUDA_ENV.items():
             os.environ.setdefault(k, v)
-        torch.cuda.set_device(local_rank)
-        dev = torch.device("cuda", local_rank)
+        torch.cuda.set_device(where.device_index)
+        dev = torch.device("cuda", where.device_index)
     elif dtype == "xpu":
-        torch.xpu.set_device(local_rank)
-        dev = torch.device("xpu", local_rank)
+        torch.xpu.set_device(where.device_index)
+        dev = torch.device("xpu", where.device_index)
     else:
         dev = torch.device("cpu")
         # Share the cores between the node's ranks instead of oversubscribing them; the

@@ -29,7 +29,7 @@ name: aurora-emu
 site:
   kind: aurora
   account: campaign
-  queue: debug
+  queue: debug-scaling   # 3 nodes (2 + 1 spare): debug takes 1-2
   nodes: 2
   spares: 1
   walltime: "00:10:00"
@@ -87,7 +87,7 @@ def test_dry_run_matches_golden_pbs_script_and_pals_command(tmp_path):
     _check_golden("aurora_pals_smoke.txt", stages)
     # what ALCF documents for an Aurora job (docs.alcf.anl.gov/aurora/running-jobs-aurora/)
     for line in ("#PBS -l select=3:ncpus=208", "#PBS -l filesystems=home:flare", "#PBS -l place=scatter",
-                 "#PBS -l walltime=00:10:00", "qsub  -q debug -A campaign "):
+                 "#PBS -l walltime=00:10:00", "qsub  -q debug-scaling -A campaign "):
         assert line in block, block
     assert "mpiexec -n 24 --ppn 12 --hostfile <tmp>/wd/aurora-emu/smoke/attempt-001/hostfile" in stages
     assert "--cpu-bind=list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100" in stages
@@ -126,7 +126,7 @@ def test_smoke_stage_runs_through_pbspro_provider(pbs_emulator, tmp_path):
     printed = [ln for ln in dry.stdout.splitlines() if ln.startswith(("#PBS -l", "#PBS -k", "export PATH"))]
     assert real == printed and len(real) == 6, (real, printed)
     info = pbs_emulator.qstat(next(iter(_job_ids(pbs_emulator))))
-    assert info["Account_Name"] == "campaign" and info["queue"] == "debug"
+    assert info["Account_Name"] == "campaign" and info["queue"] == "debug-scaling"
     assert info["Resource_List"]["select"] == "3:ncpus=208", info["Resource_List"]
     assert info["job_state"] == "F", info  # Parsl cancelled the block when the campaign ended
 

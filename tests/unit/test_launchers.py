@@ -46,13 +46,28 @@ AURORA_HOSTS = ("x4407c6s2b0n0", "x4407c6s7b0n0")
 POLARIS_HOSTS = ("x3001c0s13b0n0", "x3001c0s13b1n0")
 
 CASES: dict[str, tuple[str, Any, dict[str, Any]]] = {
+    # the Aurora default: FLAT hierarchy set by us, no --gpu-bind (it fails under FLAT)
     "aurora_pals_2x12": (
         "pals",
         L.LaunchPlan(
             hosts=AURORA_HOSTS,
             ranks_per_node=aurora.RANKS_PER_NODE,
             argv=TRAIN,
-            env=(("OMP_NUM_THREADS", "8"),),
+            env=(("OMP_NUM_THREADS", "8"), ("ZE_FLAT_DEVICE_HIERARCHY", "FLAT")),
+            hostfile="/runs/r1/hostfile",
+            cpu_bind=aurora.CPU_BIND,
+            master_port=29500,
+        ),
+        {},
+    ),
+    # device_hierarchy COMPOSITE: PALS binds one tile per rank
+    "aurora_pals_composite_2x12": (
+        "pals",
+        L.LaunchPlan(
+            hosts=AURORA_HOSTS,
+            ranks_per_node=aurora.RANKS_PER_NODE,
+            argv=TRAIN,
+            env=(("OMP_NUM_THREADS", "8"), ("ZE_FLAT_DEVICE_HIERARCHY", "COMPOSITE")),
             hostfile="/runs/r1/hostfile",
             cpu_bind=aurora.CPU_BIND,
             gpu_bind=aurora.GPU_BIND,
@@ -138,7 +153,9 @@ def test_aurora_matches_alcf_docs() -> None:
         "--cpu-bind=list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100"
         in cmd
     )
-    assert "--gpu-bind=list:0.0:0.1:1.0:1.1:2.0:2.1:3.0:3.1:4.0:4.1:5.0:5.1" in cmd
+    assert "ZE_FLAT_DEVICE_HIERARCHY=FLAT" in cmd and not any(c.startswith("--gpu-bind") for c in cmd)
+    composite = L.build_command("pals", CASES["aurora_pals_composite_2x12"][1])
+    assert "--gpu-bind=list:0.0:0.1:1.0:1.1:2.0:2.1:3.0:3.1:4.0:4.1:5.0:5.1" in composite
     assert cmd[-len(TRAIN):] == list(TRAIN)
     ranges = aurora.CPU_BIND.removeprefix("list:").split(":")
     cores = {c for r in ranges for c in range(int(r.split("-")[0]), int(r.split("-")[1]) + 1)}

@@ -57,7 +57,11 @@ def test_aurora_defaults_follow_the_alcf_docs() -> None:
     assert (site.ranks_per_node, site.launcher, site.filesystems, site.place) == (12, "pals", "home:flare", "scatter")
     assert site.node_names() is None and site.walltime_s == 3600
     opts = site.launch_options()
-    assert opts.cpu_bind == aurora.CPU_BIND and opts.gpu_bind == aurora.GPU_BIND
+    # FLAT set by us, no --gpu-bind (it fails under FLAT: docs.alcf.anl.gov/aurora/running-jobs-aurora/)
+    assert opts.cpu_bind == aurora.CPU_BIND and opts.gpu_bind is None
+    assert opts.env == {"ZE_FLAT_DEVICE_HIERARCHY": "FLAT"} and site.device_hierarchy == "FLAT"
+    composite = AuroraSite(account="p", device_hierarchy="COMPOSITE", gpu_bind=aurora.GPU_BIND)
+    assert composite.launch_options().env == {"ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE"}
     # the single-machine stand-in: no PALS binding, loopback rendezvous
     assert AuroraSite(account="p", launcher="mpich").launch_options() == LaunchOptions(env={"MASTER_ADDR": "127.0.0.1"})
 
@@ -78,7 +82,7 @@ def test_pbs_parsl_config_is_fresh_one_block_one_worker(tmp_path: Path) -> None:
     from parsl.launchers import SimpleLauncher
     from parsl.providers import PBSProProvider
 
-    site = AuroraSite(account="proj", queue="debug", nodes=4, spares=2, walltime="02:00:00",
+    site = AuroraSite(account="proj", queue="prod", nodes=4, spares=2, walltime="02:00:00",
                       worker_init="module load frameworks")
     a, b = site.parsl_config(tmp_path), site.parsl_config(tmp_path)
     assert a is not b and a.executors[0] is not b.executors[0]
@@ -87,7 +91,7 @@ def test_pbs_parsl_config_is_fresh_one_block_one_worker(tmp_path: Path) -> None:
     assert exe.label == "campaign" and exe.max_workers_per_node == 1
     assert isinstance(p, PBSProProvider) and isinstance(p.launcher, SimpleLauncher)
     assert (p.nodes_per_block, p.init_blocks, p.min_blocks, p.max_blocks) == (6, 1, 0, 1)
-    assert (p.account, p.queue, p.walltime, p.cpus_per_node) == ("proj", "debug", "02:00:00", 208)
+    assert (p.account, p.queue, p.walltime, p.cpus_per_node) == ("proj", "prod", "02:00:00", 208)
     assert "#PBS -l filesystems=home:flare" in p.scheduler_options and "place=scatter" in p.scheduler_options
     assert p.worker_init.endswith("module load frameworks")  # the user's init runs last: it wins
     assert a.strategy == "simple"  # a new block when the old one reached its walltime
@@ -122,7 +126,7 @@ def test_warns_when_a_stage_timeout_exceeds_the_walltime() -> None:
 
 
 def test_warns_when_the_long_run_needs_several_blocks() -> None:
-    s = _spec("  kind: aurora\n  account: p\n  walltime: '06:00:00'\n  expected_tokens_per_s: 1.0e6\n",
+    s = _spec("  kind: aurora\n  account: p\n  queue: prod\n  walltime: '06:00:00'\n  expected_tokens_per_s: 1.0e6\n",
               "  - kind: long_run\n    tokens: 100000000000\n")
     warnings = walltime.warnings(s)
     assert any("stage long_run needs ~27.8 h (100,000,000,000 tokens at 1,000,000 tokens/s)" in w and "~5 blocks" in w
