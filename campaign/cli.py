@@ -91,11 +91,14 @@ def main() -> None:
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @_db_options
 @click.option("--dry-run", is_flag=True, help="Print what each stage would launch; submit and record nothing.")
+@click.option("--json", "as_json", is_flag=True,
+              help="With --dry-run: a JSON document instead of text (each stage's launch command, environment, "
+                   "and the first node's placement: CPUs, visible devices and device per local rank).")
 @click.option("--new-version", is_flag=True, help="The file changed: record it as a new version of the campaign.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only errors and the final table.")
 @_endpoint_option
 @_errors
-def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, new_version: bool, quiet: bool,
+def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, as_json: bool, new_version: bool, quiet: bool,
            endpoint: str | None) -> None:
     """Run the campaign in FILE: its stages in order, skipping those already passed.
 
@@ -105,6 +108,8 @@ def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, new_ver
     """
     from campaign import spec as spec_mod
 
+    if as_json and not dry_run:
+        raise click.UsageError("--json goes with --dry-run (a submission prints its progress as it runs)")
     spec = spec_mod.load(file)
     spec_mod.check_faults_allowed(spec, str(file))
     from campaign import walltime
@@ -112,9 +117,12 @@ def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, new_ver
     for line in walltime.warnings(spec):  # before anything is submitted
         click.echo(f"warning: {line}", err=True)
     if dry_run:
-        from campaign.dryrun import render_dry_run
+        from campaign import dryrun
 
-        click.echo(render_dry_run(spec, workdir))
+        if as_json:
+            click.echo(json.dumps(dryrun.dry_run_document(spec, workdir), indent=2))
+        else:
+            click.echo(dryrun.render_dry_run(spec, workdir))
         return
     if endpoint:  # a detached driver on the endpoint's host; this returns at once
         from campaign import remote
@@ -279,6 +287,8 @@ def validate(file: Path) -> None:
 
     from campaign import spec as spec_mod
 
+    if as_json and not dry_run:
+        raise click.UsageError("--json goes with --dry-run (a submission prints its progress as it runs)")
     spec = spec_mod.load(file)
     click.echo(f"# {file}: valid; spec digest {spec.digest()[:12]}")
     click.echo(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False), nl=False)

@@ -10,8 +10,9 @@ calls captured) and the `qsub`/`sbatch` line; for every stage, the exact launch 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from campaign.attempt import build_request
+from campaign.attempt import AttemptRequest, build_request
 from campaign.spec import CampaignSpec
 from campaign.stagebase import StageSpec
 
@@ -46,8 +47,51 @@ def launch_text(spec: CampaignSpec, stage: StageSpec, n: int, run_dir: Path, att
     and the rendezvous port is the launcher's default (the supervisor picks a free one)."""
     from campaign.executors import launchers
 
+    request = _request(spec, stage, n, run_dir, attempt)
+    return launchers.render(spec.site.launcher, request.launch_plan(spec.site.example_nodes(n)[:n], python="python"))
+
+
+def _request(spec: CampaignSpec, stage: StageSpec, n: int, run_dir: Path, attempt: int) -> AttemptRequest:
+    from campaign.executors import launchers
+
+    return build_request(spec.site, spec.trainer.command, run_dir=run_dir, attempt=attempt, nodes=n, excluded=[],
+                         timeout_s=stage.timeout_s, faults=bool(getattr(stage, "faults", ())),
+                         master_port=launchers.DEFAULT_MASTER_PORT)
+
+
+def dry_run_document(spec: CampaignSpec, workdir: Path) -> dict[str, Any]:
+    """`campaign submit FILE --dry-run --json`: the same facts as the text, as data. Each
+    stage's `launch.placement` lists, for the first node, every local rank's CPUs, visible
+    devices and device, computed by the function the trainer itself runs at start-up
+    (`campaign.train.placement`)."""
+    from campaign.executors import launchers
+    from campaign.train.placement import PlacementError, launch_placement
+
     site = spec.site
-    request = build_request(site, spec.trainer.command, run_dir=run_dir, attempt=attempt, nodes=n, excluded=[],
-                            timeout_s=stage.timeout_s, faults=bool(getattr(stage, "faults", ())),
-                            master_port=launchers.DEFAULT_MASTER_PORT)
-    return launchers.render(site.launcher, request.launch_plan(site.example_nodes(n)[:n], python="python"))
+    campaign_dir = workdir.resolve() / spec.name
+    block = site.dry_run(campaign_dir / "parsl" / "000" / "submit_scripts")
+    device_type, per_node = site.devices()
+    stages = []
+    for stage in spec.stages:
+        counts = getattr(stage, "node_counts", None) or [stage.nodes or site.nodes]
+        attempts = []
+        for number, n in enumerate(counts, 1):
+            run_dir = campaign_dir / stage.label / f"attempt-{number:03d}"
+            request = _request(spec, stage, n, run_dir, number)
+            plan = request.launch_plan(site.example_nodes(n)[:n], python="python")
+            attempts.append({"nodes": n, "run_dir": str(run_dir), "command": launchers.render(site.launcher, plan),
+                             "env": dict(plan.env)})
+        try:
+            placement: list[dict[str, Any]] | dict[str, str] = launch_placement(
+                _request(spec, stage, counts[0], campaign_dir / stage.label, 1), site.ranks_per_node, device_type,
+                per_node)
+        except PlacementError as e:
+            placement = {"error": str(e)}
+        stages.append({"name": stage.label, "kind": stage.kind, "node_counts": counts, "timeout_s": stage.timeout_s,
+                       "launch": {"launcher": site.launcher, "ranks_per_node": site.ranks_per_node,
+                                  "device_type": device_type, "placement": placement, "attempts": attempts}})
+    return {"campaign": spec.name, "site": site.kind, "run_root": str(campaign_dir),
+            "block": None if block is None else {"nodes": site.block_nodes, "active": site.nodes,
+                                                 "walltime_s": site.block_walltime_s(), "submit": block[1],
+                                                 "script": block[0]},
+            "stages": stages}

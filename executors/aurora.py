@@ -93,6 +93,9 @@ class AuroraSite(pbs.PBSSite):
                              f"(device_hierarchy {self.device_hierarchy}): {bad['error']}")
         return self
 
+    def devices(self) -> tuple[str, int | None]:
+        return "xpu", TILES_PER_NODE if self.device_hierarchy == "FLAT" else GPUS_PER_NODE
+
     def launch_options(self) -> LaunchOptions:
         """CPU and GPU binding, and extra environment."""
         if self.launcher == "mpich":  # every rank runs here: no binding, loopback rendezvous

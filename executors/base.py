@@ -8,6 +8,7 @@ model that subclasses `Site` and answers these questions; nothing else reaches i
     site.block_nodes               nodes of one block (active + spares)
     site.node_names()              the allocation's names when the site knows them (local), else None
     site.example_nodes(n)          placeholder names for a dry run
+    site.devices()                 (device type, devices per node) for the dry run's placement
     site.block_walltime_s()        the block's walltime (None: no deadline)
     site.deadline_from             whether that walltime counts from the block's or the attempt's start
     site.cancel_jobs(ids)          stop scheduler jobs through the provider
@@ -85,6 +86,11 @@ class Site(StrictModel):
     def example_nodes(self, n: int) -> list[str]:
         """Placeholder node names for a dry run (the real ones are known only in the job)."""
         return self.node_names() or [f"node{i:03d}" for i in range(1, n + 1)]
+
+    def devices(self) -> tuple[str, int | None]:
+        """(device type, devices a node shows when nothing narrows them) of this site's nodes,
+        for the dry run's placement table; ("cpu", None) unless the site has accelerators."""
+        return "cpu", None
 
     def block_walltime_s(self) -> float | None:
         """How long a block (or, see `deadline_from`, an attempt) may run; None: no limit."""

@@ -58,6 +58,9 @@ class LocalSite(Site):
         wrapper = gpu_wrapper(self.node_prefix, self.ranks_per_node) if self.bind_gpus else ()
         return LaunchOptions(env={"OMP_NUM_THREADS": str(share)}, wrapper=wrapper)
 
+    def devices(self) -> tuple[str, int | None]:
+        return ("cuda", self.ranks_per_node) if self.bind_gpus else ("cpu", None)
+
     def block_walltime_s(self) -> float | None:
         return self.walltime_s
 

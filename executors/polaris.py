@@ -60,6 +60,9 @@ class PolarisSite(pbs.PBSSite):
     gpu_affinity: bool = True
     """Give rank i of a node GPU 3 - i % 4 (the inlined set_affinity_gpu_polaris.sh)."""
 
+    def devices(self) -> tuple[str, int | None]:
+        return "cuda", 4
+
     def launch_options(self) -> LaunchOptions:
         """CPU binding, the GPU affinity wrapper, and the NVIDIA environment."""
         env = {**dict(NVIDIA_NO_MULTICAST_ENV), **self.env}

@@ -56,6 +56,9 @@ class SlurmSite(batch.BatchSite):
     def launcher(self) -> str:
         return "srun"
 
+    def devices(self) -> tuple[str, int | None]:
+        return ("cuda", self.gpus_per_node) if self.gpus_per_node else ("cpu", None)
+
     def launch_options(self) -> LaunchOptions:
         """srun binding and extra environment."""
         return LaunchOptions(env=dict(self.env), cpu_bind=self.cpu_bind, gpu_bind=self.gpu_bind,
