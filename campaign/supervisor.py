@@ -1,4 +1,4 @@
-"""The supervisor: the Parsl app that runs one attempt next to the job.
+"""The supervisor: the Parsl app that runs one attempt next to the launch.
 
 It runs on the allocation's head node (locally for the `local` site). It reads the block's
 node list (`PBS_NODEFILE`, `SLURM_JOB_NODELIST`, or the virtual nodes of the local site),
@@ -6,12 +6,12 @@ drops the nodes the ledger excludes, takes the active nodes, writes the hostfile
 the trainer with the site's launcher, and watches it:
 
 - the stall watchdog (`campaign.watchdog`) reads metrics, events and heartbeats; on a stall
-  it names the culprit nodes, then SIGTERMs the job and SIGKILLs it after a grace period
+  it names the culprit nodes, then SIGTERMs the launch and SIGKILLs it after a grace period
   (exit 124, class `stalled`);
-- when one rank fails, the others get `FAILED_RANK_GRACE_S` to notice before the job is
+- when one rank fails, the others get `FAILED_RANK_GRACE_S` to notice before the launch is
   stopped; the first failure is the evidence;
 - a `STOP` file in the run directory (written by `campaign cancel`, or by a driver
-  that recovers from a crash) stops the job (class `cancelled`).
+  that recovers from a crash) stops the launch (class `cancelled`).
 
 It returns a plain dict (`AttemptReport`) that survives Parsl's serialization, and never
 touches the ledger: the driver ingests `metrics.jsonl` and the report.
@@ -35,15 +35,15 @@ from campaign import evidence, exits, report, watchdog
 from campaign.attempt import AttemptRequest
 
 POLL_S = 0.25
-"""How often the supervisor looks at the job; cheap (a few small reads)."""
+"""How often the supervisor looks at the launch; cheap (a few small reads)."""
 FAILED_RANK_GRACE_S = 10.0
 """After one rank failed, how long the others get to exit by themselves."""
 TERM_GRACE_S = 5.0
-"""Between SIGTERM and SIGKILL when the supervisor stops a job."""
+"""Between SIGTERM and SIGKILL when the supervisor stops a launch."""
 STOP_FILE = "STOP"
-"""Written into the run directory to ask the supervisor to stop the job (cancel)."""
+"""Written into the run directory to ask the supervisor to stop the launch (cancel)."""
 PIDS_FILE = "pids.json"
-"""Host and process groups of the job, so a recovering driver can kill orphans."""
+"""Host and process groups of the launch, so a recovering driver can kill orphans."""
 
 
 @dataclass
@@ -72,12 +72,12 @@ class AttemptReport:
 
 
 @dataclass
-class _Job:
-    """A running job: one process per rank (local) or one launcher process (mpiexec, srun)."""
+class _Launch:
+    """A running launch: one process per rank (local) or one launcher process (mpiexec, srun)."""
 
     procs: list[tuple[int, str, subprocess.Popen[bytes]]]  # (rank or -1 for a launcher, node, process)
     exits: dict[int, tuple[int, float]] = field(default_factory=dict)  # index -> (code, time)
-    stopped_at: float | None = None  # when the supervisor first signalled the job: later exits are not evidence
+    stopped_at: float | None = None  # when the supervisor first signalled the launch: later exits are not evidence
 
     def poll(self, now: float) -> None:
         for i, (_, _, p) in enumerate(self.procs):
@@ -142,32 +142,32 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
     if request.rotate:
         hosts = hosts[request.rotate % n:] + hosts[:request.rotate % n]
     _prepare(request, run_dir, hosts)
-    job, command, text = _start(request, hosts)
-    verdict = _watch(job, request, hosts, start)
-    failure = job.first_failure()
+    launch, command, text = _start(request, hosts)
+    watched = _watch(launch, request, hosts, start)
+    failure = launch.first_failure()
     if failure is not None and failure[0] == -1:  # one launcher process: its log names the rank
         failure = launcher_failure(run_dir / "logs" / "launcher.log", failure)
     metrics, _ = report.read_metrics(run_dir)
     finding = None
-    if verdict.killed_by is None and failure is not None:  # a crash: what does the evidence say?
-        finding = evidence.assess(_rank_exits(job, run_dir, failure), first_step=bool(metrics), nodes=hosts,
+    if watched.killed_by is None and failure is not None:  # a crash: what does the evidence say?
+        finding = evidence.assess(_rank_exits(launch, run_dir, failure), first_step=bool(metrics), nodes=hosts,
                                   same_poll_s=1.0)
         if finding.primary:
             failure = (finding.primary["rank"], finding.primary["exit_code"], finding.primary["node"], failure[3])
-    code = exits.STALLED if verdict.killed_by == "stalled" else (failure[1] if failure else 0)
-    if verdict.killed_by == "exit_hung":  # the trainer's own last event says how it ended
+    code = exits.STALLED if watched.killed_by == "stalled" else (failure[1] if failure else 0)
+    if watched.killed_by == "exit_hung":  # the trainer's own last event says how it ended
         code = {"done": exits.OK, "deadline": exits.SIGTERM, "nonfinite_loss": exits.NONFINITE}.get(
-            verdict.final_event or "", exits.STALLED)
+            watched.final_event or "", exits.STALLED)
     policy = request.watchdog
     beats = report.read_heartbeats(run_dir)
-    for node in hosts:  # what a killed job left on node-local storage (this host's nodes only)
+    for node in hosts:  # what a killed launch left on node-local storage (this host's nodes only)
         report.remove_node_local(run_dir, node, str(request.attempt))
     # A rank that failed by itself may be evidence (the finding says); ranks the supervisor stopped are not.
-    suspects = verdict.suspects if verdict.killed_by else [s.to_dict() for s in finding.suspects] if finding else []
-    if verdict.killed_by == "stalled" and not suspects and len(hosts) > 1 and policy.drill_s > 0:
+    suspects = watched.suspects if watched.killed_by else [s.to_dict() for s in finding.suspects] if finding else []
+    if watched.killed_by == "stalled" and not suspects and len(hosts) > 1 and policy.drill_s > 0:
         suspects = [{"node": n, "reason": "hung in a collective drill when bisecting the allocation",
                      "evidence": {"drills": drills}} for n, drills in _bisect(request, hosts, policy)]
-    if verdict.killed_by in ("stop", "interrupt"):
+    if watched.killed_by in ("stop", "interrupt"):
         exit_class = "cancelled"
     elif finding is not None:
         exit_class = exits.classify_finding(code, finding.kind)
@@ -175,12 +175,12 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
         exit_class = exits.classify(code, suspects=bool(suspects))
     out = AttemptReport(
         exit_code=code, exit_class=exit_class, duration_s=round(time.time() - start, 3), nodes=hosts,
-        allocation=allocation, spares=spares, killed_by=verdict.killed_by, stall=verdict.stall,
+        allocation=allocation, spares=spares, killed_by=watched.killed_by, stall=watched.stall,
         first_failure=None if failure is None else {"rank": failure[0], "exit_code": failure[1], "node": failure[2],
                                                       "after_s": round(failure[3] - start, 3)},
         suspects=suspects, last_step=metrics[-1]["step"] if metrics else None, launch_command=command,
         launch_text=text,
-        detected_after_s=verdict.detected_after_s, stragglers=watchdog.stragglers(beats, policy.straggler_ratio),
+        detected_after_s=watched.detected_after_s, stragglers=watchdog.stragglers(beats, policy.straggler_ratio),
         finding=finding.to_dict() if finding else None, error=finding.message if finding and code else None,
     )
     return _finish(run_dir, out)
@@ -228,9 +228,9 @@ def _block_started() -> float:
         return time.time()
 
 
-def _start(request: AttemptRequest, hosts: list[str]) -> tuple[_Job, list[str], str]:
-    """Start the job: the request's launch plan on `hosts`, with its launcher. Returns the
-    job, the command (argv; `(local)` + argv for per-rank processes) and its text as the
+def _start(request: AttemptRequest, hosts: list[str]) -> tuple[_Launch, list[str], str]:
+    """Start the launch: the request's launch plan on `hosts`, with its launcher. Returns the
+    launch, the command (argv; `(local)` + argv for per-rank processes) and its text as the
     dry run renders it."""
     from campaign.executors import launchers
 
@@ -255,11 +255,11 @@ def _start(request: AttemptRequest, hosts: list[str]) -> tuple[_Job, list[str], 
     report.write_json_atomic(run_dir / PIDS_FILE, {"host": socket.gethostname(), "pgids": [p.pid for _, _, p in procs],
                                                    "launcher": request.launcher, "block_job_id": block_job,
                                                    "attempt": request.attempt})
-    return _Job(procs), command, launchers.render(request.launcher, plan)
+    return _Launch(procs), command, launchers.render(request.launcher, plan)
 
 
 @dataclass
-class _Verdict:
+class _WatchOutcome:
     killed_by: str | None = None
     final_event: str | None = None
     stall: str | None = None
@@ -267,8 +267,8 @@ class _Verdict:
     detected_after_s: float | None = None
 
 
-def _watch(job: _Job, request: AttemptRequest, hosts: list[str], start: float) -> _Verdict:
-    """Wait for the job; stop it on a stall, a failed rank, the hard timeout, STOP or an interrupt."""
+def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: float) -> _WatchOutcome:
+    """Wait for the launch; stop it on a stall, a failed rank, the hard timeout, STOP or an interrupt."""
     run_dir = Path(request.run_dir)
     policy = request.watchdog
     watch = watchdog.Watch(started=start)
@@ -277,35 +277,35 @@ def _watch(job: _Job, request: AttemptRequest, hosts: list[str], start: float) -
     offsets = {"metrics": 0, "events": 0}
     while True:
         now = time.time()
-        job.poll(now)
-        if job.done:
-            return _Verdict(killed_by="interrupt" if interrupt and watch.last_step >= interrupt.after_step
+        launch.poll(now)
+        if launch.done:
+            return _WatchOutcome(killed_by="interrupt" if interrupt and watch.last_step >= interrupt.after_step
                             else None)
         _observe(run_dir, watch, offsets, now)
         if (run_dir / STOP_FILE).exists():
-            job.stop(time.time)
-            return _Verdict(killed_by="stop")
+            launch.stop(time.time)
+            return _WatchOutcome(killed_by="stop")
         if interrupt and watch.last_step >= interrupt.after_step:
-            job.signal(getattr(signal, interrupt.signal))
-            _wait(job, timeout=30.0)
-            return _Verdict(killed_by="interrupt")
-        failure = job.first_failure()
+            launch.signal(getattr(signal, interrupt.signal))
+            _wait(launch, timeout=30.0)
+            return _WatchOutcome(killed_by="interrupt")
+        failure = launch.first_failure()
         if failure is not None and now - failure[3] > FAILED_RANK_GRACE_S:
-            job.stop(time.time)
-            return _Verdict(killed_by=None)  # the failed rank's exit is the evidence, not the stop
+            launch.stop(time.time)
+            return _WatchOutcome(killed_by=None)  # the failed rank's exit is the evidence, not the stop
         decision = watchdog.decide(watch, policy, now)
         if decision.stalled and decision.phase == "exiting":
-            # Every rank finished but the job does not exit (e.g. srun waiting on a lost
+            # Every rank finished but the launch does not exit (e.g. srun waiting on a lost
             # socket): the training outcome is known; stop the launcher, do not call it a stall.
-            job.stop(time.time)
-            return _Verdict(killed_by="exit_hung", final_event=watch.final_event,
-                            stall=f"the job did not exit {decision.idle_s:.0f} s after the trainer finished; stopped it")
+            launch.stop(time.time)
+            return _WatchOutcome(killed_by="exit_hung", final_event=watch.final_event,
+                            stall=f"the launch did not exit {decision.idle_s:.0f} s after the trainer finished; stopped it")
         if failure is None and (decision.stalled or now - start > timeout):
             reason = decision.reason if decision.stalled else f"hard timeout of {timeout:g} s"
             suspects = watchdog.culprits(report.read_heartbeats(run_dir), hosts, now, policy)
             detected = now - watch.last_progress
-            job.stop(time.time)
-            return _Verdict(killed_by="stalled", stall=reason, suspects=suspects, detected_after_s=round(detected, 2))
+            launch.stop(time.time)
+            return _WatchOutcome(killed_by="stalled", stall=reason, suspects=suspects, detected_after_s=round(detected, 2))
         time.sleep(POLL_S)
 
 
@@ -318,13 +318,13 @@ def _observe(run_dir: Path, watch: watchdog.Watch, offsets: dict[str, int], now:
     watch.saw_phases({p for p in phases if p}, now)
 
 
-def _wait(job: _Job, timeout: float) -> None:
+def _wait(launch: _Launch, timeout: float) -> None:
     end = time.time() + timeout
-    while not job.done and time.time() < end:
+    while not launch.done and time.time() < end:
         time.sleep(0.1)
-        job.poll(time.time())
-    if not job.done:
-        job.stop(time.time)
+        launch.poll(time.time())
+    if not launch.done:
+        launch.stop(time.time)
 
 
 def _bisect(request: AttemptRequest, hosts: list[str], policy: watchdog.WatchdogPolicy,
@@ -351,19 +351,19 @@ def _drill(request: AttemptRequest, hosts: list[str], policy: watchdog.WatchdogP
     (drill_dir / "logs").mkdir(parents=True, exist_ok=True)
     sub = request.for_drill(drill_dir, free_port())
     sub.hostfile.write_text("".join(f"{h}\n" for h in hosts))
-    job, _, _ = _start(sub, hosts)
+    launch, _, _ = _start(sub, hosts)
     end = time.time() + policy.drill_s
-    while not job.done and time.time() < end:
+    while not launch.done and time.time() < end:
         time.sleep(0.2)
-        job.poll(time.time())
-    passed = job.done and all(code == 0 for code, _ in job.exits.values())
-    if not job.done:
-        job.stop(time.time)
+        launch.poll(time.time())
+    passed = launch.done and all(code == 0 for code, _ in launch.exits.values())
+    if not launch.done:
+        launch.stop(time.time)
     return passed
 
 
 def free_port() -> int:
-    """A TCP port free on this host now (for a job's rendezvous)."""
+    """A TCP port free on this host now (for a launch's rendezvous)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -404,20 +404,20 @@ def launcher_failure(log: Path, failure: tuple[int, int, str, float]) -> tuple[i
     return rank, code, node, failure[3]
 
 
-def _rank_exits(job: _Job, run_dir: Path, failure: tuple[int, int, str, float]) -> list[evidence.RankExit]:
+def _rank_exits(launch: _Launch, run_dir: Path, failure: tuple[int, int, str, float]) -> list[evidence.RankExit]:
     """The evidence of a crash: every rank's exit with the tail of its log (local launcher),
     or the failed rank the launcher named with its lines of the launcher's log."""
-    stopped = job.stopped_at
-    if job.procs and job.procs[0][0] == -1:  # one launcher process (mpiexec, srun)
+    stopped = launch.stopped_at
+    if launch.procs and launch.procs[0][0] == -1:  # one launcher process (mpiexec, srun)
         log = run_dir / "logs" / "launcher.log"
         rank, code, node, seen = failure
         lines = evidence.split_by_rank(evidence.read_tail(log, lines=500))
         tail = tuple((lines.get(rank) or lines.get(None) or [])[-evidence.TAIL_LINES:])
         return [evidence.RankExit(rank, node, code, seen, log_path=str(log), log_tail=tail)]
     out = []
-    for i, (rank, node, _) in enumerate(job.procs):
-        if i in job.exits:
-            code, seen = job.exits[i]
+    for i, (rank, node, _) in enumerate(launch.procs):
+        if i in launch.exits:
+            code, seen = launch.exits[i]
             log = run_dir / "logs" / f"rank-{rank}.log"
             out.append(evidence.RankExit.from_popen(rank, node, code, seen, log_path=str(log),
                                                     log_tail=evidence.read_tail(log),

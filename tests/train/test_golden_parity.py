@@ -27,7 +27,11 @@ def test_golden_losses_tiny_ddp_world1(launch, tmp_path):
         pytest.fail(f"regenerated {GOLDEN}; unset CAMPAIGN_REGEN_GOLDEN and rerun")
     want = {int(s): float(v) for s, v in (line.split() for line in GOLDEN.read_text().splitlines())}
     assert sorted(want) == list(range(1, 21))
-    assert got == want  # exact: deterministic mode on CPU
+    # Within 1e-5 relative, not bit for bit: the file travels between machines, and CPU kernels
+    # round differently by instruction set (this golden file, made on one x86 CPU, differs in
+    # the 7th digit on an AVX-512 AMD EPYC). Bit-exactness on one machine is what the resume
+    # tests assert (tests/train/test_resume.py, the resume_test stage).
+    assert got == pytest.approx(want, rel=1e-5, abs=0)
 
 
 @pytest.mark.slow
