@@ -36,6 +36,15 @@ def wait_for_steps(metrics: Path, n: int, timeout: float = 180) -> None:
     assert metrics.exists() and len(metrics.read_text().splitlines()) >= n, f"{metrics} never reached {n} steps"
 
 
+def finish(p: subprocess.Popen[str], timeout: float, hung: str) -> str:
+    """The driver's output once it exits; the test fails with `hung` (and the driver is killed) past `timeout`."""
+    try:
+        return p.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        pytest.fail(hung)
+
+
 def processes_naming(text: str) -> list[str]:
     return subprocess.run(["pgrep", "-f", text], capture_output=True, text=True).stdout.split()
 
@@ -65,11 +74,7 @@ def test_a_signal_to_the_terminals_process_group_stops_cleanly(ws: Workspace, si
     run_dir = ws.workdir / name / "long" / "attempt-001"
     wait_for_steps(run_dir / "metrics.jsonl", 10)
     os.killpg(p.pid, sig)
-    try:
-        out, _ = p.communicate(timeout=90)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        pytest.fail("the driver did not exit within 90 s of the signal")
+    out = finish(p, 90, "the driver did not exit within 90 s of the signal")
     assert p.returncode == 130, out
     assert ws.status(name)["state"] == "cancelled"
     assert trainers_of(run_dir) == [], "no trainer outlives a cancelled driver"
@@ -130,11 +135,7 @@ def test_the_interchange_dying_under_an_attempt_does_not_hang_the_driver(ws: Wor
     wait_for_steps(run_dir / "metrics.jsonl", 10)
     interchange = json.loads((ws.workdir / "lostxchg" / "driver.json").read_text())["interchange_pid"]
     os.kill(interchange, signal.SIGKILL)
-    try:
-        out, _ = p.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        pytest.fail("the driver hung after its Parsl interchange died")
+    out = finish(p, 300, "the driver hung after its Parsl interchange died")
     assert p.returncode == 0, out
     view = ledger_view(ws, "lostxchg")
     assert view["stage"] == "passed"

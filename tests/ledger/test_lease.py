@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -18,15 +17,6 @@ from campaign.lease import DriverLease
 from campaign.ledger import Ledger, open_ledger
 from campaign.ledger import queries as q
 from campaign.ledger.models import Lease, utcnow
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[Ledger]:
-    led = open_ledger(ledger_url)
-    try:
-        yield led
-    finally:
-        led.close()
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +33,6 @@ def _revisions() -> list[str]:
 
 REVISION_PAIRS = list(zip(["base", *_revisions()[:-1]], _revisions()))
 """(older, newer) for every migration step; grows with the tree."""
-
-
-@pytest.fixture
-def ledger(ledger_url: str) -> Iterator[Ledger]:
-    led = open_ledger(ledger_url)
-    try:
-        yield led
-    finally:
-        led.close()
 
 
 def _tables(engine: sa.Engine) -> set[str]:
