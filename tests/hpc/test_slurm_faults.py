@@ -51,7 +51,7 @@ def attempts(tmp_path: Path, name: str) -> list[dict]:
 
 @pytest.mark.parametrize(("fault", "cls", "why"), [
     ("hang", "stalled", "still computing"),
-    ("sigkill", "crashed_node", "killed by signal 9"),
+    ("sigkill", "crashed_node", "killed by SIGKILL (137) on this node alone"),
 ])
 def test_node_fault_on_slurm_is_excluded_at_the_scheduler(slurm_cluster, tmp_path, fault, cls, why):
     path = tmp_path / "c.yaml"
@@ -114,7 +114,8 @@ def test_block_cancelled_and_node_drained_under_a_running_long_run(slurm_cluster
 
 
 def test_spares_spent_asks_the_provider_for_a_new_block(slurm_cluster, tmp_path):
-    doc = spec("slurm-renew", {"steps": 30, "faults": [{"kind": "crash", "step": 25, "node": "n2", "attempt": 1}]})
+    # SIGKILL on one node is evidence against it (a plain exit 1 would first get a confirming retry).
+    doc = spec("slurm-renew", {"steps": 30, "faults": [{"kind": "sigkill", "step": 25, "node": "n2", "attempt": 1}]})
     doc["site"]["spares"] = 0
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(doc))

@@ -47,6 +47,8 @@ HARDWARE_LINES = [
     ("[rank7]:[E1130 10:02:11.123 ProcessGroupNCCL.cpp:616] [Rank 7] Watchdog caught collective operation timeout: "
      "WorkNCCL(SeqNum=1234, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600003 milliseconds before timing out.",
      "nccl_watchdog_timeout", "fabric"),
+    ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+     "[127.0.0.1]:45473: Connection reset by peer", "gloo_peer_lost", "fabric"),
     ("libfabric:98765:1701234567::cxi:core:cxip_cq_eq_progress():531<warn> x4102c5s3b0n0: TXC (0x1234:0): "
      "PCIe error", "libfabric_error", "fabric"),
     ("MPICH ERROR: fi_cq_readerr: Input/output error", "libfabric_error", "fabric"),
@@ -369,3 +371,4 @@ def test_classify_finding(code: int, kind: str, cls: str) -> None:
 
     assert exits.classify_finding(code, kind) == cls and cls in exits.CLASSES
     assert "crashed_unknown" in exits.CONFIRM_ONCE and "crashed_unknown" not in exits.RESUMABLE
+
