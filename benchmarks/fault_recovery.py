@@ -41,7 +41,7 @@ def spec(kind: str) -> dict:
 
 def one_run(kind: str) -> dict:
     from campaign.ledger import open_ledger
-    from campaign.ledger import queries as q
+    from campaign.ledger import reads
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "c.yaml"
@@ -53,11 +53,11 @@ def one_run(kind: str) -> dict:
             raise SystemExit(f"the campaign failed:\n{p.stdout}\n{p.stderr}")
         ledger = open_ledger(f"sqlite:///{tmp}/w/ledger.db", create=False)
         with ledger.session() as s:
-            c = q.get_campaign(s, "fault-recovery")
-            run = q.current_stage_runs(s, c)[0]
+            c = reads.get_campaign(s, "fault-recovery")
+            run = reads.current_stage_runs(s, c)[0]
             first, second = run.attempts[0], run.attempts[1]
-            steps = [m.step_time_s for m in q.list_steps(s, first.id) if m.step_time_s][3:]
-            relaunch = q.list_steps(s, second.id)
+            steps = [m.step_time_s for m in reads.list_steps(s, first.id) if m.step_time_s][3:]
+            relaunch = reads.list_steps(s, second.id)
             out = {
                 "class": first.state,
                 "culprit": ",".join(x["node"] for x in first.suspects) or "-",

@@ -148,19 +148,19 @@ def ledger_attempts(campaigns: Path, name: str) -> list[dict[str, Any]]:
     import sqlalchemy as sa
 
     from campaign.ledger import default_url, open_ledger
-    from campaign.ledger import queries as q
+    from campaign.ledger import reads
     from campaign.ledger.models import Event, StepMetric
 
     led = open_ledger(default_url(campaigns), create=False)
     out = []
     try:
         with led.session() as s:
-            c = q.get_campaign(s, name)
+            c = reads.get_campaign(s, name)
             if c is None:
                 return []
             relaunches = {e.attempt_id: e.data for e in s.scalars(
                 sa.select(Event).where(Event.campaign_id == c.id, Event.kind == "relaunch"))}
-            for run, a in q.list_attempts(s, c):
+            for run, a in reads.list_attempts(s, c):
                 steps = s.execute(sa.select(StepMetric.step, StepMetric.time, StepMetric.step_time_s)
                                   .where(StepMetric.attempt_id == a.id).order_by(StepMetric.step)).all()
                 out.append({"stage": run.name, "number": a.number, "label": a.label, "state": a.state,

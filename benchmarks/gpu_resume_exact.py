@@ -65,7 +65,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def spec(args: argparse.Namespace, name: str, tolerance: float, command: str | None = None) -> dict[str, Any]:
     t = h.trainer(args, keep_last=3)
     if command:
-        t["command"] = ["{python}", "-c", command]
+        t["command"] = ["{python}", "-c", command, "--config", "{config}"]
     forced = ", deterministic kernels forced (own trainer command)" if command else ""
     return h.campaign_spec(args, name, f"resume test at tolerance {tolerance:g}, {args.size} model, FSDP2{forced}", t, [
         {"name": "resume-test", "kind": "resume_test", "nodes": 1, "checkpoint_step": 10, "interrupt_step": 12,

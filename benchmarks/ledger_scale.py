@@ -1,7 +1,7 @@
 """Claim: the ledger stays fast at a million steps. `campaign status` reads counters, not
 step rows, so it costs the same at 1,000,000 rows as at 1,000 (target <= 1.5x); the
 progress plot's query downsamples in SQL; ingestion keeps up (target >= 100,000 rows/s
-on SQLite, through `queries.ingest_steps` in batches, as the engine calls it).
+on SQLite, through `writes.ingest_steps` in batches, as the engine calls it).
 
     python benchmarks/ledger_scale.py                       # SQLite and Postgres, 1k and 1M rows
     python benchmarks/ledger_scale.py --rows 1000 100000 --no-postgres
@@ -31,7 +31,8 @@ from click.testing import CliRunner  # noqa: E402
 
 from campaign.cli import main  # noqa: E402
 from campaign.ledger import Ledger, open_ledger  # noqa: E402
-from campaign.ledger import queries as q  # noqa: E402
+from campaign.ledger import reads, writes  # noqa: E402
+from campaign.ledger.models import Attempt, StageRun  # noqa: E402
 
 ATTEMPTS = 100
 PG_ADMIN = os.environ.get("CAMPAIGN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -41,10 +42,10 @@ def build(led: Ledger, rows: int, batch: int) -> float:
     """One campaign, `rows` step rows over ATTEMPTS attempts; returns ingestion rows/s."""
     per = rows // ATTEMPTS
     with led.session() as s:
-        c = q.create_campaign(s, name="bench", digest="b" * 64, spec_json={"name": "bench"}, source="", site="bench",
-                              workdir="/tmp/bench")
-        (run,) = q.ensure_stage_runs(s, c, [("long-run", "long_run")])
-        q.set_campaign_state(s, c, "running")
+        c = writes.create_campaign(s, name="bench", digest="b" * 64, spec_json={"name": "bench"}, source="", site="bench",
+                                   workdir="/tmp/bench")
+        (run,) = writes.ensure_stage_runs(s, c, [("long-run", "long_run")])
+        writes.set_campaign_state(s, c, "running")
         run_id = run.id
     spent = 0.0
     for n in range(ATTEMPTS):
@@ -52,18 +53,18 @@ def build(led: Ledger, rows: int, batch: int) -> float:
         data = [{"step": i, "tokens": 4096 * i, "loss": 8.0 / (1 + i * 1e-4), "step_time_s": 0.5, "tokens_per_s": 8192.0,
                  "comm_time_s": 0.05, "mem_peak_gib": 40.0, "lr": 3e-4} for i in range(first, first + per)]
         with led.session() as s:
-            run = s.get(q.StageRun, run_id)
-            a = q.create_attempt(s, run, nodes=[f"x{n:04d}", f"x{n + 1:04d}"], ranks_per_node=12, run_dir=f"/tmp/a{n}")
+            run = s.get(StageRun, run_id)
+            a = writes.create_attempt(s, run, nodes=[f"x{n:04d}", f"x{n + 1:04d}"], ranks_per_node=12, run_dir=f"/tmp/a{n}")
             attempt_id = a.id
         t = time.perf_counter()
         for b in range(0, per, batch):
             with led.session() as s:
-                q.ingest_steps(s, s.get(q.Attempt, attempt_id), data[b:b + batch])
+                writes.ingest_steps(s, s.get(Attempt, attempt_id), data[b:b + batch])
         spent += time.perf_counter() - t
         with led.session() as s:
-            a = s.get(q.Attempt, attempt_id)
-            q.finish_attempt(s, a, state="stalled" if n < ATTEMPTS - 1 else "running", exit_code=124, suspects=[],
-                             summary={})
+            a = s.get(Attempt, attempt_id)
+            writes.finish_attempt(s, a, state="stalled" if n < ATTEMPTS - 1 else "running", exit_code=124, suspects=[],
+                                  summary={})
     return rows / spent
 
 
@@ -93,7 +94,7 @@ def measure(url: str, rows: int, batch: int, repeat: int) -> dict[str, float]:
         led = open_ledger(url)
         try:
             with led.session() as s:
-                series = q.sample_campaign_steps(s, q.get_campaign(s, "bench"), max_points=4000)
+                series = reads.sample_campaign_steps(s, reads.get_campaign(s, "bench"), max_points=4000)
                 assert sum(len(x["steps"]) for x in series) <= 4000 + 2 * ATTEMPTS
         finally:
             led.close()

@@ -55,11 +55,10 @@ from campaign import report, supervisor, watchdog  # noqa: E402
 from campaign.executors import aurora, launchers  # noqa: E402
 from campaign.ledger import open_ledger  # noqa: E402
 from campaign.ledger.models import Attempt, StageRun, StepMetric  # noqa: E402
-# The ledger API this benchmark drives, imported in ONE place (queries.py is being split into
-# writes / reads modules: update these lines only).
-from campaign.ledger.queries import (  # noqa: E402
-    create_attempt, create_campaign, describe_campaign, ensure_stage_runs, get_campaign, ingest_steps,
-    sample_campaign_steps, set_campaign_state)
+# The ledger API this benchmark drives, imported in ONE place.
+from campaign.ledger.reads import describe_campaign, get_campaign, sample_campaign_steps  # noqa: E402
+from campaign.ledger.writes import (  # noqa: E402
+    create_attempt, create_campaign, ensure_stage_runs, ingest_steps, set_campaign_state)
 
 RANKS_PER_NODE = aurora.RANKS_PER_NODE
 INTERVAL_S = 1.0  # the engine's CAMPAIGN_HEARTBEAT_INTERVAL

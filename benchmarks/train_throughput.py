@@ -62,7 +62,7 @@ def measure(args: argparse.Namespace, env: dist.DistEnv, parallelism: str | None
     with torch.device(dev):
         model = GPT(shape)
     n_params = model.num_params()
-    comm = None
+    comm, wrapper = None, "none"
     if parallelism is None:
         model.activation_checkpointing = args.ac
         if args.compile:
@@ -70,10 +70,11 @@ def measure(args: argparse.Namespace, env: dist.DistEnv, parallelism: str | None
                 block.compile()
             model.output = torch.compile(model.output)
     else:
-        model, comm = parallelize(model, parallelism=parallelism, device=dev, compile=args.compile,
-                                  activation_checkpointing=args.ac, bf16=bf16)
+        par = parallelize(model, parallelism=parallelism, device=dev, compile=args.compile,
+                          activation_checkpointing=args.ac, bf16=bf16)
+        model, comm, wrapper = par.model, par.comm, par.wrapper
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev.type == "cuda")
-    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16 and parallelism != "fsdp")
+    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16 and wrapper != "fsdp")
     g = torch.Generator(device=dev).manual_seed(env.rank)
     tokens = torch.randint(0, shape.vocab_size, (args.batch, shape.seq_len + 1), device=dev,
                            generator=g)
@@ -97,7 +98,8 @@ def measure(args: argparse.Namespace, env: dist.DistEnv, parallelism: str | None
     tps = args.batch * shape.seq_len * env.world_size / step_s
     fpt = flops.flops_per_token(n_params, shape.n_layer, shape.n_head, shape.head_dim, shape.seq_len)
     comm_s = [c for c in comms if c is not None]
-    row = {"variant": variant_name(args, parallelism), "params_m": n_params / 1e6,
+    # At world size 1 the trainer does not wrap the model (parallelize.py): say so.
+    row = {"variant": variant_name(args, parallelism if wrapper != "none" else None), "params_m": n_params / 1e6,
            "tokens_per_s": tps, "mfu": flops.mfu(fpt, tps / env.world_size, flops.device_name(dev)),
            "step_s": step_s, "comm_s": sorted(comm_s)[len(comm_s) // 2] if comm_s else None,
            "mem_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,

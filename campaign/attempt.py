@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from campaign import reference, report
-from campaign.ledger import queries as q
+from campaign import contract, evidence, exits, goodput, reference, report
+from campaign.ledger import reads, writes
 from campaign.ledger.db import transient
 from campaign.ledger.models import Attempt, StageRun, utcnow
 from campaign.stagebase import StrictModel
@@ -39,15 +39,14 @@ if TYPE_CHECKING:
     from campaign.executors.launchers import LaunchPlan
     from campaign.ledger import Ledger
     from campaign.reference import Reference
-    from campaign.stagebase import StageSpec
-    from campaign.train.config import Fault
+    from campaign.spec import CampaignSpec
+    from campaign.stagebase import StageSpec, Targets
+    from campaign.train.config import Fault, TrainerConfig
 
 INGEST_PERIOD_S = 1.0
 """How often a running attempt's metrics are ingested (one transaction each time)."""
 HEARTBEAT_INTERVAL_S = 1.0
 """How often each node's local rank 0 rewrites its heartbeat file."""
-DEFAULT_COMMAND = ("{python}", "-m", "campaign.train")
-"""The built-in trainer; `{python}` is the interpreter of the supervisor that starts it."""
 
 
 class Interrupt(StrictModel):
@@ -56,6 +55,9 @@ class Interrupt(StrictModel):
 
     after_step: int = Field(ge=1)
     signal: Literal["SIGKILL", "SIGTERM"] = "SIGKILL"
+    after_checkpoint: str | None = None
+    """Also wait until this checkpoint directory is complete (an async save may still be
+    writing it when `after_step` is reported)."""
 
 
 class AttemptRequest(StrictModel):
@@ -80,6 +82,9 @@ class AttemptRequest(StrictModel):
     """`local`, `pals`, `mpich`, `srun` or `torchrun` (executors.launchers)."""
     argv: list[str]
     """The trainer's command; `{python}` stands for the supervisor's interpreter."""
+    progress_pattern: str | None = None
+    """`trainer.step_pattern` of a trainer whose progress is read from rank 0's output
+    (`progress: stdout`): the supervisor writes metrics.jsonl for it. None: the trainer writes it."""
     env: dict[str, str]
     """Environment for every rank, on top of the launching process's own."""
     cpu_bind: str | None = None
@@ -126,30 +131,60 @@ class AttemptRequest(StrictModel):
                                        "master_port": master_port})
 
 
-def build_request(site: Site, command: list[str] | None, *, run_dir: Path, attempt: int, nodes: int,
-                  excluded: list[str], timeout_s: float, faults: bool, master_port: int | None,
-                  interrupt: Interrupt | None = None, watchdog: WatchdogPolicy | None = None) -> AttemptRequest:
-    """The request of one attempt: a pure function of the site and the trainer command."""
+def build_request(site: Site, config: TrainerConfig, *, run_dir: Path, nodes: int, excluded: list[str],
+                  timeout_s: float, master_port: int | None, spec_dir: Path,
+                  resume_from: dict[str, Any] | None = None, interrupt: Interrupt | None = None,
+                  watchdog: WatchdogPolicy | None = None) -> AttemptRequest:
+    """The request of one attempt: a pure function of the site, the attempt's trainer config
+    (`trainer_config`) and the checkpoint it resumes from (the trainer's argv: its command
+    template, expanded; the targets also as environment variables: `campaign.contract`)."""
     config_path = run_dir / "trainer.json"
     env = {
         "CAMPAIGN_RUN_DIR": str(run_dir),
         "CAMPAIGN_HOSTFILE": str(run_dir / "hostfile"),
-        "CAMPAIGN_ATTEMPT": str(attempt),
+        "CAMPAIGN_ATTEMPT": str(config.run.attempt),
         "CAMPAIGN_TRAINER_CONFIG": str(config_path),
         "CAMPAIGN_HEARTBEAT_INTERVAL": str(HEARTBEAT_INTERVAL_S),
         "PYTHONUNBUFFERED": "1",
+        **contract.target_environment(config, spec_dir, resume_from),
     }
-    if faults:
+    if config.faults:
         env["CAMPAIGN_ALLOW_FAULTS"] = "1"
     options = site.launch_options()
     env.update(options.env)
+    values = contract.placeholder_values(config, run_dir=run_dir, config=config_path, hostfile=run_dir / "hostfile",
+                                         spec_dir=spec_dir)
     return AttemptRequest(
-        run_dir=str(run_dir), attempt=attempt, allocation=site.node_names(), exclude=sorted(excluded), nodes=nodes,
-        ranks_per_node=site.ranks_per_node, launcher=site.launcher,
-        argv=[*(command or DEFAULT_COMMAND), "--config", str(config_path)], env=env,
+        run_dir=str(run_dir), attempt=config.run.attempt, allocation=site.node_names(), exclude=sorted(excluded),
+        nodes=nodes, ranks_per_node=site.ranks_per_node, launcher=site.launcher,
+        argv=contract.command_line(config.train, values, spec_dir, resume_from), env=env,
         cpu_bind=options.cpu_bind, gpu_bind=options.gpu_bind, depth=options.depth, wrapper=list(options.wrapper),
         master_port=master_port, timeout_s=timeout_s, block_walltime_s=site.block_walltime_s(),
         deadline_from=site.deadline_from, interrupt=interrupt, watchdog=watchdog or WatchdogPolicy(),
+        progress_pattern=config.train.step_pattern if config.train.progress == "stdout" else None,
+    )
+
+
+def version_root(campaign_dir: Path, version: int) -> Path:
+    """Where version `version` of a campaign keeps its stage directories (run directories and
+    checkpoints): the campaign's folder for the first, `vN/` in it for later ones, so a new
+    version never resumes an older one's checkpoints."""
+    return campaign_dir if version == 1 else campaign_dir / f"v{version}"
+
+
+def trainer_config(spec: CampaignSpec, targets: Targets, *, stage_dir: Path, attempt: int,
+                   faults: tuple[Fault, ...] = ()) -> TrainerConfig:
+    """The trainer.json of one attempt: the spec's sections, the stage's overrides and targets."""
+    from campaign.train.config import RunConfig, TrainerConfig
+
+    train = spec.trainer.model_copy(update=targets.train)
+    if train.deterministic == "auto":  # exact where the stage compares bit for bit
+        train = train.model_copy(update={"deterministic": targets.exact})
+    return TrainerConfig(
+        model=spec.model, data=spec.data, train=train, faults=list(faults),
+        run=RunConfig(max_steps=targets.steps, max_tokens=targets.max_tokens,
+                      checkpoint_dir=str(stage_dir / targets.checkpoints), checkpoint_at=list(targets.checkpoint_at),
+                      checkpoint_final=targets.checkpoint_final, resume=targets.resume, attempt=attempt),
     )
 
 
@@ -202,9 +237,17 @@ class AttemptOutcome:
     def losses(self) -> dict[int, float]:
         return {int(m["step"]): m["loss"] for m in self.metrics}
 
+    @property
+    def rank0_log(self) -> Path:
+        """Rank 0's output: its own log (local launcher) or the launcher's (mpiexec, srun)."""
+        own = self.run_dir / "logs" / "rank-0.log"
+        return own if own.exists() else self.run_dir / "logs" / "launcher.log"
+
     def as_dict(self) -> dict[str, Any]:
+        files = {name: (self.run_dir / name).exists() for name in (report.METRICS_FILE, report.STARTUP_FILE)}
         return {**self.report, "metrics": self.metrics, "startup": self.startup, "world_size": self.world_size,
-                "checkpoints": self.checkpoints}
+                "checkpoints": self.checkpoints, "run_dir": str(self.run_dir), "log": str(self.rank0_log),
+                "files": files}
 
 
 class StageContext:
@@ -214,6 +257,7 @@ class StageContext:
         self.engine, self.run, self.stage = engine, run, stage
         self.spec = engine.spec
         self.stage_dir = engine.run_root / run.name
+        self._bad_rows: dict[int, dict[str, Any]] = {}  # attempt id -> summary["bad_metric_rows"] so far
 
     @property
     def ledger(self) -> Ledger:
@@ -237,12 +281,9 @@ class StageContext:
 
     def steps_for_tokens(self, tokens: int, nodes: int | None) -> int:
         """Steps that train at least `tokens` tokens at this stage's node count."""
-        from campaign.train.shapes import shape_for
+        from campaign.stagebase import steps_for_tokens
 
-        t = self.spec.trainer
-        ranks = (nodes or self.spec.site.nodes) * self.spec.site.ranks_per_node
-        per_step = shape_for(self.spec.model).seq_len * t.micro_batch_size * t.grad_accum * ranks
-        return -(-tokens // per_step)
+        return steps_for_tokens(self.spec, tokens, nodes)
 
     def show_table(self, title: str, rows: list[dict[str, Any]], columns: list[str]) -> None:
         self.engine.progress.table(f"{self.run.name}: {title}", rows, columns)
@@ -254,7 +295,7 @@ class StageContext:
                 run = s.get(StageRun, self.run.id)
                 assert run is not None
                 a = s.get(Attempt, attempt_id) if attempt_id else None
-                q.add_event(s, run.campaign, kind, message, stage_run=run, attempt=a, data=data)
+                writes.add_event(s, run.campaign, kind, message, stage_run=run, attempt=a, data=data)
         self.engine.progress.event(message)
 
     def exclude_suspects(self, outcome: AttemptOutcome, *, hours: float | None,
@@ -276,6 +317,33 @@ class StageContext:
                 a.summary = {**(a.summary or {}), **_summary(outcome.report)}
         return outcome
 
+    def confirm(self, first: AttemptOutcome, retry: AttemptOutcome) -> AttemptOutcome:
+        """The confirming retry's outcome with what the two failures say together
+        (`evidence.confirm`): the failure followed the node, the rank, or moved."""
+        before, now = first.report.get("finding"), retry.report.get("finding")
+        if not before or not now or retry.exit_code == 0:
+            return retry
+        finding = evidence.confirm(evidence.Finding.from_dict(before), evidence.Finding.from_dict(now))
+        cls = exits.classify_finding(retry.exit_code, finding.kind)
+        self.event("confirmed", f"confirming retry: {finding.message}", attempt_id=retry.attempt_id,
+                   data={"finding": finding.to_dict()})
+        return self.reclassify(retry, {"finding": finding.to_dict(), "exit_class": cls, "error": finding.message,
+                                       "suspects": [s.to_dict() for s in finding.suspects]})
+
+    def launch_confirmed(self, targets: Targets, *, retry_targets: Targets | None = None,
+                         **kw: Any) -> tuple[AttemptOutcome, AttemptOutcome | None]:
+        """`launch`, and when the attempt ends in a class the evidence can neither pin on a node
+        nor call systemic (`exits.CONFIRM_ONCE`: a one-off abort, say), the one confirming retry
+        the finding promised, with the ranks moved to other nodes (`retry_targets`, if given).
+        Returns the outcome to judge (the retry's, with `confirm`'s reading of both failures)
+        and the first outcome when a retry was made (None otherwise)."""
+        first = self.launch(targets, **kw)
+        if first.exit_class not in exits.CONFIRM_ONCE:
+            return first, None
+        label = ", ".join(x for x in (kw.get("label"), "confirming retry") if x)
+        retry = self.launch(retry_targets or targets, **{**kw, "label": label, "rotate": 1})
+        return self.confirm(first, retry), first
+
     def exclude_stragglers(self, outcome: AttemptOutcome, *, hours: float | None) -> list[str]:
         """Exclude the outcome's straggler nodes (the spec asked for it)."""
         found = [{"node": st["node"], "reason": f"straggler: {st['ratio']:.1f}x the other nodes' compute time",
@@ -292,58 +360,51 @@ class StageContext:
                 for sus in suspects:
                     evidence = {**sus.get("evidence", {}), "attempt": outcome.number, "exit_class": outcome.exit_class,
                                 "stall": outcome.report.get("stall")}
-                    q.exclude_node(s, site=self.engine.site_name, node=sus["node"], reason=sus["reason"],
-                                   evidence=evidence, attempt=a, expires=expires)
-                    q.add_event(s, a.stage_run.campaign, "node_excluded", f"excluded {sus['node']}: {sus['reason']}",
-                                stage_run=a.stage_run, attempt=a, data={"node": sus["node"], "evidence": evidence})
+                    writes.exclude_node(s, site=self.engine.site_name, node=sus["node"], reason=sus["reason"],
+                                        evidence=evidence, attempt=a, expires=expires)
+                    writes.add_event(s, a.stage_run.campaign, "node_excluded", f"excluded {sus['node']}: {sus['reason']}",
+                                     stage_run=a.stage_run, attempt=a, data={"node": sus["node"], "evidence": evidence})
                     names.append(sus["node"])
         for sus in suspects:
             self.engine.progress.event(f"excluded {sus['node']}: {sus['reason']}")
         return names
 
-    def launch(self, *, steps: int, nodes: int | None = None, timeout_s: float, resume: bool = True,
-               checkpoint_dir: Path | None = None, checkpoint_at: tuple[int, ...] = (), max_tokens: int | None = None,
-               faults: tuple[Fault, ...] = (), label: str = "", train: dict[str, Any] | None = None,
-               interrupt: dict[str, Any] | None = None, watchdog: WatchdogPolicy | None = None,
-               rotate: int = 0) -> AttemptOutcome:
-        """Run one attempt of the trainer to `steps` on `nodes` active nodes and return its outcome.
+    def launch(self, targets: Targets, *, nodes: int | None = None, timeout_s: float,
+               faults: tuple[Fault, ...] = (), label: str = "", interrupt: dict[str, Any] | None = None,
+               watchdog: WatchdogPolicy | None = None, rotate: int = 0) -> AttemptOutcome:
+        """Run one attempt of the trainer to `targets` on `nodes` active nodes and return its outcome.
 
-        `resume`: continue from the newest complete checkpoint in `checkpoint_dir` (default:
-        the stage's). `train`: overrides of the spec's trainer section for this attempt.
-        `interrupt`: {"after_step": S, "signal": "SIGKILL"|"SIGTERM"}: the supervisor sends
-        the signal to the whole job once step S is reported (a deliberate interruption).
-        `rotate`: move ranks to other nodes (see `AttemptRequest.rotate`).
+        `targets.resume`: continue from the newest complete checkpoint in the stage's folder
+        `targets.checkpoints`. `interrupt`: {"after_step": S, "signal": "SIGKILL"|"SIGTERM"}: the
+        supervisor sends the signal to the whole job once step S is reported (a deliberate
+        interruption). `rotate`: move ranks to other nodes (see `AttemptRequest.rotate`).
         """
         from campaign.supervisor import free_port
-        from campaign.train.config import RunConfig, TrainerConfig
 
         self.engine.check_cancel()
         n = nodes or self.spec.site.nodes
-        ckpt = checkpoint_dir or self.stage_dir / "checkpoints"
+        ckpt = self.stage_dir / targets.checkpoints
         for unit in self.engine.writes("recording a new attempt"):
             with unit as s:
                 run = s.get(StageRun, self.run.id)
                 assert run is not None
-                a = q.create_attempt(s, run, nodes=[], ranks_per_node=self.spec.site.ranks_per_node, run_dir="",
-                                     label=label, tokens_base=_tokens_base(run, resume))
+                a = writes.create_attempt(s, run, nodes=[], ranks_per_node=self.spec.site.ranks_per_node, run_dir="",
+                                          label=label, tokens_base=_tokens_base(run, targets.resume))
                 a.run_dir = str(self.stage_dir / f"attempt-{a.number:03d}")
                 number, attempt_id = a.number, a.id
-                excluded = sorted({e.node for e in q.list_exclusions(s, self.engine.site_name)})
+                excluded = sorted({e.node for e in reads.list_exclusions(s, self.engine.site_name)})
         run_dir = self.stage_dir / f"attempt-{number:03d}"
         run_dir.mkdir(parents=True, exist_ok=True)
-        trainer = self.spec.trainer.model_copy(update=train or {})
-        config = TrainerConfig(
-            model=self.spec.model, data=self.spec.data, train=trainer, faults=list(faults),
-            run=RunConfig(max_steps=steps, max_tokens=max_tokens, checkpoint_dir=str(ckpt),
-                          checkpoint_at=list(checkpoint_at), resume=resume, attempt=number),
-        )
-        request = build_request(self.spec.site, self.spec.trainer.command, run_dir=run_dir, attempt=number, nodes=n,
-                                excluded=excluded, timeout_s=timeout_s, faults=bool(faults), master_port=free_port(),
-                                interrupt=Interrupt.model_validate(interrupt) if interrupt else None,
-                                watchdog=watchdog)
+        config = trainer_config(self.spec, targets, stage_dir=self.stage_dir, attempt=number, faults=faults)
+        resume_from = contract.newest_complete(self.spec.trainer.checkpoints, ckpt) if targets.resume else None
+        request = build_request(self.spec.site, config, run_dir=run_dir, nodes=n, excluded=excluded,
+                                timeout_s=timeout_s, master_port=free_port(), spec_dir=self.engine.spec_dir,
+                                resume_from=resume_from, watchdog=watchdog,
+                                interrupt=Interrupt.model_validate(interrupt) if interrupt else None)
         if rotate:
             request = request.model_copy(update={"rotate": rotate})
         request.config_path.write_text(config.model_dump_json(indent=2))
+        steps = targets.steps
         self.engine.progress.attempt_started(self.run.name, number, n, steps, label)
         self.engine.current_run_dir = run_dir
         rep, offset = self._supervise(request, attempt_id, steps)
@@ -354,7 +415,7 @@ class StageContext:
             # Parsl gives up on an executor whose block never started; a fresh load, then again.
             rep, offset = self._supervise(request, attempt_id, steps)
         self.engine.current_run_dir = None
-        self._ingest(attempt_id, run_dir, offset, steps)
+        self._ingest(attempt_id, run_dir, offset, steps, last=True)
         return self._finish(attempt_id, number, run_dir, rep, ckpt)
 
     def _supervise(self, request: AttemptRequest, attempt_id: int, steps: int) -> tuple[dict[str, Any], int]:
@@ -383,38 +444,65 @@ class StageContext:
         except Exception as e:  # the app itself failed: its block ended, or a bug/serialization problem
             return _app_failure(e, run_dir), offset
 
-    def _ingest(self, attempt_id: int, run_dir: Path, offset: int, steps: int) -> int:
+    def _ingest(self, attempt_id: int, run_dir: Path, offset: int, steps: int, *, last: bool = False) -> int:
         """Ingest metrics.jsonl from `offset`; returns the offset to go on from. While the
         ledger does not answer, the offset stays: the rows are ingested at a later tick
-        (metrics.jsonl is the buffer), and the attempt goes on."""
-        rows, new_offset = report.read_metrics(run_dir, offset)
-        if rows:
+        (metrics.jsonl is the buffer), and the attempt goes on. `last`: the attempt has
+        ended, there is no later tick: retry through the outage (`Ledger.retrying`)."""
+        got = report.read_metrics_checked(run_dir, offset)
+        earlier = self._bad_rows.get(attempt_id)
+        bad = report.bad_rows_summary(got, run_dir, earlier)
+        if not (got.rows or got.bad):
+            return got.offset
+        if last:
+            for unit in self.engine.writes("ingesting the attempt's last steps"):
+                with unit as s:
+                    number = self._write_rows(s, attempt_id, got.rows, bad, earlier)
+        else:
             try:
                 with self.ledger.session() as s:
-                    a = s.get(Attempt, attempt_id)
-                    assert a is not None
-                    q.ingest_steps(s, a, rows)
+                    number = self._write_rows(s, attempt_id, got.rows, bad, earlier)
             except Exception as e:
                 if not transient(e):
                     raise
                 self.engine.ledger_unreachable(e)
-                return offset
-            self.engine.progress.steps(self.run.name, rows[-1], steps)
-        return new_offset
+                return offset  # read again at the next tick: nothing counted twice
+        if bad is not None and earlier is None:
+            self.engine.progress.event(f"warning: {self.run.name} attempt {number}: {reads.bad_rows_line(bad)}")
+        if bad is not None:
+            self._bad_rows[attempt_id] = bad
+        if got.rows:
+            self.engine.progress.steps(self.run.name, got.rows[-1], steps)
+        return got.offset
+
+    @staticmethod
+    def _write_rows(s: Any, attempt_id: int, rows: list[dict[str, Any]], bad: dict | None, earlier: dict | None) -> int:
+        """One unit of ingestion: the rows, and the bad-row count when it grew; the attempt's number."""
+        a = s.get(Attempt, attempt_id)
+        assert a is not None
+        writes.ingest_steps(s, a, rows)
+        if bad is not earlier:
+            writes.record_bad_metric_rows(s, a, bad, first=earlier is None)
+        return int(a.number)
 
     def _finish(self, attempt_id: int, number: int, run_dir: Path, rep: dict[str, Any], ckpt: Path) -> AttemptOutcome:
-        metrics, _ = report.read_metrics(run_dir)
-        checkpoints = report.list_checkpoints(ckpt) if ckpt.exists() else []
+        checked = report.read_metrics_checked(run_dir)  # the whole file: the count of bad rows is exact
+        metrics, summary = checked.rows, _summary(rep)
+        bad = report.bad_rows_summary(checked, run_dir)
+        if bad is not None:
+            summary["bad_metric_rows"] = bad
+        checkpoints = contract.list_checkpoints(self.spec.trainer.checkpoints, ckpt) if ckpt.exists() else []
         for unit in self.engine.writes("recording the attempt's end"):
             with unit as s:
                 a = s.get(Attempt, attempt_id)
                 assert a is not None
                 a.nodes = list(rep.get("nodes") or [])
                 for ck in checkpoints:
-                    q.record_checkpoint(s, a.stage_run, a, step=ck["step"], tokens=ck.get("tokens") or 0,
-                                        path=str(ck["path"]), complete=bool(ck["complete"]))
-                q.finish_attempt(s, a, state=rep["exit_class"], exit_code=rep["exit_code"],
-                                 suspects=rep.get("suspects", []), summary=_summary(rep))
+                    writes.record_checkpoint(s, a.stage_run, a, step=ck["step"], tokens=ck.get("tokens") or 0,
+                                             path=str(ck["path"]), complete=bool(ck["complete"]))
+                writes.finish_attempt(s, a, state=rep["exit_class"], exit_code=rep["exit_code"],
+                                      suspects=rep.get("suspects", []), summary=summary)
+                goodput.record_attempt(s, a, report.read_events(run_dir))
         self.engine.progress.attempt_finished(self.run.name, number, rep)
         for st in rep.get("stragglers") or []:
             self.event("straggler", f"straggler {st['node']}: computes {st['ratio']:.1f}x as long per step as the "

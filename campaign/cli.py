@@ -8,6 +8,7 @@
     campaign resume NAME                       continue after the driver died, from the ledger alone
     campaign cancel NAME                       stop a running campaign cleanly
     campaign validate FILE                     check a campaign file; print the resolved spec or the errors
+    campaign check-trainer FILE                run your trainer briefly; what the trainer contract misses, with fixes
     campaign db upgrade|current                manage the ledger's schema
     campaign nodes list|exclude|include        the nodes the ledger tells every campaign not to use
 
@@ -30,18 +31,20 @@ from typing import Any, TypeVar
 
 import click
 
+from campaign.commands import EXPORT_KINDS, PLOT_KINDS
 from campaign.errors import CampaignError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 DB_HELP = "Ledger URL (default: SQLite at WORKDIR/ledger.db). Postgres: postgresql://user@host/db."
-WORKDIR_HELP = "Work directory: run directories of every campaign and the default ledger."
+WORKDIR_HELP = ("Work directory: run directories of every campaign and the default ledger (submit --endpoint of an "
+                "aurora campaign without it: /lus/flare/projects/ACCOUNT/campaigns on the endpoint's host).")
 
 
 def _db_options(f: F) -> F:
     f = click.option("--db", "db_url", envvar="CAMPAIGN_DB_URL", metavar="URL", help=DB_HELP)(f)
     f = click.option("--workdir", envvar="CAMPAIGN_WORKDIR", default="campaigns", show_default=True,
-                     type=click.Path(file_okay=False, path_type=Path), help=WORKDIR_HELP)(f)
+                     type=click.Path(path_type=Path), help=WORKDIR_HELP)(f)
     return f
 
 
@@ -67,9 +70,9 @@ def _errors(f: F) -> F:
 
 
 def _open(db_url: str | None, workdir: Path, *, create: bool = True) -> Any:
-    from campaign.ledger import default_url, open_ledger
+    from campaign.commands import open_at
 
-    return open_ledger(db_url or default_url(workdir), create=create)
+    return open_at(db_url, workdir, create=create)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -90,7 +93,8 @@ def main() -> None:
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @_db_options
-@click.option("--dry-run", is_flag=True, help="Print what each stage would launch; submit and record nothing.")
+@click.option("--dry-run", is_flag=True, help="Print what each stage would launch (in the run directories of the version "
+              "it would run as: with --new-version, the next one); submit and record nothing.")
 @click.option("--json", "as_json", is_flag=True,
               help="With --dry-run: a JSON document instead of text (each stage's launch command, environment, "
                    "and the first node's placement: CPUs, visible devices and device per local rank).")
@@ -112,25 +116,47 @@ def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, as_json
         raise click.UsageError("--json goes with --dry-run (a submission prints its progress as it runs)")
     spec = spec_mod.load(file)
     spec_mod.check_faults_allowed(spec, str(file))
-    from campaign import walltime
+    from campaign import reference, walltime
 
-    for line in walltime.warnings(spec):  # before anything is submitted
+    reference.check_files(spec.stages, file.parent)
+
+    remote_default = spec.site.remote_workdir() if endpoint else None
+    if remote_default is not None and click.get_current_context().get_parameter_source("workdir") \
+            == click.core.ParameterSource.DEFAULT:
+        workdir = remote_default
+        click.echo(f"note: no --workdir given: the campaign runs in {workdir} on the endpoint's host "
+                   f"(the {spec.site.kind} site's default)", err=True)
+    site_says = spec.site.workdir_warnings(workdir, remote=bool(endpoint))
+    from campaign.contract import custom_trainer_warnings
+
+    for line in [*walltime.warnings(spec), *custom_trainer_warnings(spec), *site_says]:  # before anything is submitted
         click.echo(f"warning: {line}", err=True)
     if dry_run:
         from campaign import dryrun
+        from campaign.commands import planned_version
 
+        version, unread = planned_version(db_url, workdir, spec, new_version=new_version)
+        if unread:
+            click.echo(f"warning: {' '.join(unread.split())}; the run directories shown are those of a new campaign",
+                       err=True)
         if as_json:
-            click.echo(json.dumps(dryrun.dry_run_document(spec, workdir), indent=2))
+            click.echo(json.dumps(dryrun.dry_run_document(spec, workdir, file.parent, version), indent=2))
         else:
-            click.echo(dryrun.render_dry_run(spec, workdir))
+            click.echo(dryrun.render_dry_run(spec, workdir, file.parent, version))
         return
     if endpoint:  # a detached driver on the endpoint's host; this returns at once
         from campaign import remote
 
-        sys.exit(remote.submit_command(endpoint, file, workdir, db_url, new_version))
+        _print_started(remote.submit(endpoint, file, workdir, db_url, new_version), endpoint, workdir)
+        return
+    from campaign import goodput
+    from campaign.commands import check_workdir
     from campaign.engine import Engine
     from campaign.progress import Progress
 
+    goodput.check_auto(lambda: _open(db_url, workdir, create=False), spec, str(file))  # auto needs a failure rate
+    spec.site.preflight()  # what only this host can tell, before the ledger is touched
+    check_workdir(workdir)
     ledger = _open(db_url, workdir)
     try:
         engine = Engine(spec, ledger, workdir=workdir, progress=Progress(quiet=quiet), spec_dir=file.parent)
@@ -138,6 +164,19 @@ def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, as_json
     finally:
         ledger.close()
     sys.exit(code)
+
+
+def _print_started(info: dict[str, Any], endpoint: str, workdir: Path) -> None:
+    """What `submit --endpoint` did there: started a driver, attached to one, or nothing to run."""
+    if info.get("exit_code") == 0:
+        click.echo(f"{info['name']}: every stage had passed; nothing to run (ledger {info['ledger']})")
+        return
+    verb = "attached to the running driver of" if info["attached"] else "started a driver for"
+    click.echo(f"{verb} {info['name']} on {info['host']} (pid {info['pid']})")
+    click.echo(f"  ledger: {info['ledger']}\n  log:    {info['log']}")
+    if info.get("note"):
+        click.echo(f"  note:   {info['note']}")
+    click.echo(f"  watch:  campaign status {info['name']} --endpoint {endpoint} --workdir {workdir}")
 
 
 @main.command()
@@ -153,14 +192,16 @@ def resume(name: str, db_url: str | None, workdir: Path, quiet: bool) -> None:
     Refused while another driver holds the campaign's lease.
     """
     from campaign import spec as spec_mod
+    from campaign.commands import check_workdir
     from campaign.engine import Engine
-    from campaign.ledger import queries as q
+    from campaign.ledger import reads
     from campaign.progress import Progress
 
+    check_workdir(workdir)
     ledger = _open(db_url, workdir, create=False)
     try:
         with ledger.session() as s:
-            c = q.require_campaign(s, name, ledger.display_url)
+            c = reads.require_campaign(s, name, ledger.display_url)
             source, spec_dir = c.spec_source, c.spec_dir
         spec = spec_mod.loads(source, f"{name} (spec kept in the ledger)")
         engine = Engine(spec, ledger, workdir=workdir, progress=Progress(quiet=quiet),
@@ -181,45 +222,19 @@ def resume(name: str, db_url: str | None, workdir: Path, quiet: bool) -> None:
 def cancel(name: str, db_url: str | None, workdir: Path, wait_s: float, endpoint: str | None) -> None:
     """Stop a running campaign cleanly: its driver stops the running job, cancels its
     scheduler jobs through the provider, and records the campaign as `cancelled`."""
-    import os
-    import signal
-    import socket
-    import time
-
-    from campaign.ledger import queries as q
+    from campaign import commands
 
     if endpoint:  # the same cancel, run on the endpoint's host (where the driver runs)
         from campaign import remote
 
-        return remote.cancel_command(endpoint, name, workdir, db_url, wait_s)
+        click.echo(remote.cancel(endpoint, name, workdir, db_url, wait_s))
+        return
     ledger = _open(db_url, workdir, create=False)
     try:
-        with ledger.session() as s:
-            c = q.require_campaign(s, name, ledger.display_url)
-            lease = q.get_lease(s, c)
-            holder = (lease.host, lease.pid) if lease else None
-        if holder is None:
-            raise CampaignError(f"campaign {name!r} is not running (no driver holds it); its state is in `campaign status {name}`")
-        host, pid = holder
-        if host != socket.gethostname():
-            raise CampaignError(f"campaign {name!r} is driven from {host} (pid {pid}); run `campaign cancel` there, "
-                                "or through its Globus Compute endpoint with --endpoint")
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            raise CampaignError(f"the driver of {name!r} (pid {pid}) is gone; `campaign resume {name}` recovers it") from None
-        click.echo(f"asked the driver of {name} (pid {pid}) to stop")
-        end = time.monotonic() + wait_s
-        while time.monotonic() < end:
-            with ledger.session() as s:
-                c = q.get_campaign(s, name)
-                if c is not None and q.get_lease(s, c) is None:
-                    click.echo(f"{name}: {c.state}")
-                    return
-            time.sleep(0.5)
+        state = commands.cancel_campaign(ledger, name, wait_s, notify=click.echo)
     finally:
         ledger.close()
-    raise CampaignError(f"the driver of {name!r} did not stop within {wait_s:g} s; it may be waiting for its job to exit")
+    click.echo(f"{name}: {state}")
 
 
 @main.command()
@@ -240,41 +255,44 @@ def status(name: str | None, db_url: str | None, workdir: Path, as_json: bool, w
     With --json and a NAME, prints {"name", "state", "stages": [{"name", "kind", "state",
     "attempts", "tokens", "last_loss", "verdict"}], "excluded_nodes"} plus the detail keys
     "site", "version", "updated", "attempts_detail", "stage_numbers", "exclusions",
-    "scaling", "events". Reads counters only, never the step metrics: instant at any size.
+    "scaling", "events", "warnings" (e.g. rows of a trainer's metrics.jsonl that were
+    skipped as invalid). Reads counters only, never the step metrics: instant at any size.
     """
-    from campaign.ledger import queries as q
+    from campaign import commands
 
     if endpoint:  # the endpoint reads its ledger; the same views render it here
         from campaign import remote
 
-        return remote.status_command(endpoint, name, workdir, db_url, as_json, watch, interval, count)
+        with remote.Endpoint(endpoint) as ep:
+            _show_status(lambda: remote.status_data(ep, name, workdir, db_url), name, as_json, watch, interval, count)
+        return
     ledger = _open(db_url, workdir, create=False)
-
-    def fetch() -> Any:
-        with ledger.session() as s:
-            if name is None:
-                return [q.summarize_campaign_row(s, c) for c in q.list_campaigns(s)]
-            c = q.require_campaign(s, name, ledger.display_url)
-            return q.describe_campaign(s, c)
-
-    from campaign.views import campaign_detail, campaigns_table, console
-
     try:
-        if watch:
-            from campaign.watch import watch as watch_loop
-
-            from rich.text import Text
-
-            render = (lambda d: Text(json.dumps(d, indent=2))) if as_json else (campaigns_table if name is None else campaign_detail)
-            watch_loop(fetch, render, console(), interval=interval, count=count)
-            return
-        data = fetch()
+        _show_status(lambda: commands.status_data(ledger, name), name, as_json, watch, interval, count)
     finally:
         ledger.close()
-    if as_json:
-        click.echo(json.dumps(data, indent=2))
-        return
-    console().print(campaigns_table(data) if name is None else campaign_detail(data))
+
+
+def _show_status(fetch: Callable[[], Any], name: str | None, as_json: bool, watch: bool, interval: float,
+                 count: int | None) -> None:
+    """Print `fetch()` as JSON or as the status views; with `watch`, again until it stops running."""
+    from campaign.views import campaign_detail, campaigns_table, console
+
+    def render(data: Any) -> Any:
+        if as_json:
+            from rich.text import Text
+
+            return Text(json.dumps(data, indent=2))
+        return campaigns_table(data) if name is None else campaign_detail(data)
+
+    if watch:
+        from campaign.watch import watch as watch_loop
+
+        watch_loop(fetch, render, console(), interval=interval, count=count)
+    elif as_json:
+        click.echo(json.dumps(fetch(), indent=2))
+    else:
+        console().print(render(fetch()))
 
 
 @main.command()
@@ -287,9 +305,25 @@ def validate(file: Path) -> None:
 
     from campaign import spec as spec_mod
 
+    from campaign.contract import custom_trainer_warnings
+
     spec = spec_mod.load(file)
+    for line in custom_trainer_warnings(spec):
+        click.echo(f"warning: {line}", err=True)
     click.echo(f"# {file}: valid; spec digest {spec.digest()[:12]}")
     click.echo(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False), nl=False)
+
+
+@main.command("check-trainer")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--steps", default=6, show_default=True, type=click.IntRange(2), help="Steps of the first run.")
+@_errors
+def check_trainer(file: Path, steps: int) -> None:
+    """Run the trainer of FILE (a campaign file, or a script) briefly with 2 local ranks and list
+    what the trainer contract needs and is missing, with the fix for each. Exit 1 if any is missing."""
+    from campaign import checktrainer
+
+    sys.exit(checktrainer.main(file, steps=steps))
 
 
 @main.group()
@@ -302,16 +336,12 @@ def db() -> None:
 @_errors
 def db_upgrade(db_url: str | None, workdir: Path) -> None:
     """Migrate the ledger to this release's schema (creates it if new)."""
-    from campaign.ledger import default_url, schema
-    from campaign.ledger.db import make_engine
+    from campaign import commands
+    from campaign.ledger import default_url
 
-    engine = make_engine(db_url or default_url(workdir))
-    try:
-        schema.upgrade(engine)
-        with engine.connect() as conn:
-            click.echo(f"{engine.url.render_as_string(hide_password=True)}: at {schema.current_revision(conn)} (head)")
-    finally:
-        engine.dispose()
+    url = db_url or default_url(workdir)
+    revision = commands.upgrade_schema(url)
+    click.echo(f"{_shown(url)}: at {revision} (head)")
 
 
 @db.command("current")
@@ -319,18 +349,19 @@ def db_upgrade(db_url: str | None, workdir: Path) -> None:
 @_errors
 def db_current(db_url: str | None, workdir: Path) -> None:
     """Print the ledger's schema revision and this release's."""
-    from campaign.ledger import default_url, schema
-    from campaign.ledger.db import make_engine
+    from campaign import commands
+    from campaign.ledger import default_url
 
-    engine = make_engine(db_url or default_url(workdir))
-    try:
-        with engine.connect() as conn:
-            current = schema.current_revision(conn)
-    finally:
-        engine.dispose()
-    head = schema.head_revision()
+    current, head = commands.schema_revisions(db_url or default_url(workdir))
     state = "up to date" if current == head else "needs `campaign db upgrade`"
     click.echo(f"current: {current or '(empty)'}\nhead:    {head}\n{state}")
+
+
+def _shown(url: str) -> str:
+    """A ledger URL as it may be printed (no password)."""
+    import sqlalchemy as sa
+
+    return sa.engine.make_url(url).render_as_string(hide_password=True)
 
 
 @main.group()
@@ -345,26 +376,15 @@ def nodes() -> None:
 @_errors
 def nodes_list(db_url: str | None, workdir: Path, site: str | None, show_all: bool) -> None:
     """List excluded nodes with reason and expiry."""
-    from rich.table import Table
-
-    from campaign.ledger import queries as q
+    from campaign import commands
+    from campaign.views import console, exclusions_list
 
     ledger = _open(db_url, workdir, create=False)
     try:
-        with ledger.session() as s:
-            rows = q.list_exclusions(s, site, active=not show_all)
-            t = Table(title="excluded nodes", title_justify="left")
-            for col in ("site", "node", "reason", "since", "expires", "lifted"):
-                t.add_column(col)
-            for e in rows:
-                t.add_row(e.site, e.node, e.reason, e.created.strftime("%Y-%m-%d %H:%M"),
-                          e.expires.strftime("%Y-%m-%d %H:%M") if e.expires else "never",
-                          e.lifted.strftime("%Y-%m-%d %H:%M") if e.lifted else "")
+        rows = commands.list_exclusions(ledger, site, show_all=show_all)
     finally:
         ledger.close()
-    from campaign.views import console
-
-    console().print(t)
+    console().print(exclusions_list(rows))
 
 
 @nodes.command("exclude")
@@ -376,16 +396,12 @@ def nodes_list(db_url: str | None, workdir: Path, site: str | None, show_all: bo
 @_errors
 def nodes_exclude(node: str, site: str, reason: str, hours: float | None, db_url: str | None, workdir: Path) -> None:
     """Exclude NODE on a site from every later attempt, stage and campaign."""
-    import datetime as dt
+    from campaign import commands
 
-    from campaign.ledger import queries as q
-    from campaign.ledger.models import utcnow
-
+    commands.check_exclusion(node, site)  # before the ledger is opened (or made)
     ledger = _open(db_url, workdir)
     try:
-        with ledger.session() as s:
-            expires = utcnow() + dt.timedelta(hours=hours) if hours else None
-            q.exclude_node(s, site=site, node=node, reason=reason, evidence={"by": "user"}, expires=expires)
+        commands.exclude_node(ledger, node, site, reason, hours)
     finally:
         ledger.close()
     click.echo(f"excluded {node} on {site}" + (f" for {hours:g} h" if hours else ""))
@@ -398,24 +414,20 @@ def nodes_exclude(node: str, site: str, reason: str, hours: float | None, db_url
 @_errors
 def nodes_include(node: str, site: str, db_url: str | None, workdir: Path) -> None:
     """Lift the exclusions of NODE on a site."""
-    from campaign.ledger import queries as q
+    from campaign import commands
 
     ledger = _open(db_url, workdir, create=False)
     try:
-        with ledger.session() as s:
-            n = q.include_node(s, site=site, node=node)
+        n = commands.include_node(ledger, node, site)
     finally:
         ledger.close()
-    if n == 0:
-        raise CampaignError(f"{node} is not excluded on {site}")
     click.echo(f"{node} on {site}: {n} exclusion(s) lifted")
 
 
 # --- seeing the campaign: plots, export, imported references -----------------------------
-# Thin definitions: the work is in campaign.plots / campaign.export / ledger.queries, imported
+# Thin definitions: the work is in campaign.commands (and plots / export under it), imported
 # when a command runs (matplotlib only by `plot`).
 
-PLOT_KINDS = ("progress", "scaling", "steps")
 
 
 @main.group()
@@ -448,7 +460,7 @@ def data_prepare(texts: tuple[Path, ...], out_path: Path, dtype: str) -> None:
 @_db_options
 @click.option("--kind", type=click.Choice(PLOT_KINDS), default="progress", show_default=True,
               help="progress: loss vs tokens; scaling: tokens/s, efficiency, collective share vs nodes; "
-                   "steps: step time and loss vs step.")
+                   "steps: step time and loss vs step; goodput: where each stage's wall time went.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("plots"),
               show_default=True, help="Directory for the PNG files.")
 @click.option("--log-x", is_flag=True, help="Logarithmic token axis (progress).")
@@ -465,40 +477,20 @@ def plot(names: tuple[str, ...], db_url: str | None, workdir: Path, kind: str, o
 
     Several NAMEs (shell wildcards allowed) go on one figure, e.g. a live campaign beside
     runs imported with `campaign ledger import-reference`."""
-    from campaign import export, plots
-    from campaign.ledger import queries as q
+    from campaign import commands
 
+    commands.check_plot_names(names)  # before anything is read or drawn
     if endpoint:  # the endpoint samples its ledger; the figure is drawn here
         from campaign import remote
 
-        click.echo(str(remote.plot_command(endpoint, names, workdir, db_url, kind, out_dir, log_x, reference_file,
-                                           stage, max_points)))
-        return
-    ledger = _open(db_url, workdir, create=False)
-    try:
-        with ledger.session() as s:
-            found = q.find_campaigns(s, names, ledger.display_url)
-            if kind == "scaling":
-                tables = [(f"{c.name} / {r.name}" if len(found) > 1 else r.name, r.numbers["table"])
-                          for c in found for r in q.current_stage_runs(s, c)
-                          if r.kind == "scaling" and (r.numbers or {}).get("table")]
-                if not tables:
-                    raise CampaignError(f"no scaling table in {', '.join(c.name for c in found)}: run a scaling stage first")
-                fig = plots.scaling_figure(tables)
-            else:
-                columns = ("loss", "step_time_s") if kind == "steps" else ("loss",)
-                series = [q.sample_campaign_steps(s, c, stage=stage or (q.busiest_stage(s, c) if kind == "steps" else None),
-                                                  max_points=max_points, columns=columns) for c in found]
-                if kind == "steps":
-                    fig = plots.steps_figure(series)
-                else:
-                    ref = export.read_curves(reference_file) if reference_file else None
-                    fig = plots.progress_figure(series, reference=ref, log_x=log_x)
-    finally:
-        ledger.close()
-    stem = "+".join(c.name for c in found) if len(found) <= 3 else f"{found[0].name}+{len(found) - 1}-more"
-    path = plots.save(fig, out_dir / f"{stem}-{kind}.png")
-    click.echo(str(path))
+        data = remote.plot_data(endpoint, names, workdir, db_url, kind, stage, max_points)
+    else:
+        led = _open(db_url, workdir, create=False)
+        try:
+            data = commands.plot_data(led, names, kind, stage, max_points)
+        finally:
+            led.close()
+    click.echo(str(commands.draw_plot(data, kind, out_dir, reference_file=reference_file, log_x=log_x)))
 
 
 @main.group()
@@ -510,7 +502,7 @@ def ledger() -> None:
 @click.argument("name")
 @_db_options
 @click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default="csv", show_default=True)
-@click.option("--what", type=click.Choice(["steps", "attempts", "nodes"]), default="steps", show_default=True,
+@click.option("--what", type=click.Choice(EXPORT_KINDS), default="steps", show_default=True,
               help="steps: every step row; attempts: one row per attempt; nodes: per node used or excluded.")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), help="File to write (default: stdout).")
 @_endpoint_option
@@ -518,35 +510,29 @@ def ledger() -> None:
 def ledger_export(name: str, db_url: str | None, workdir: Path, fmt: str, what: str, out_file: Path | None,
                   endpoint: str | None) -> None:
     """Write campaign NAME's steps, attempts or nodes as CSV or JSON (streamed)."""
-    from campaign import export
-    from campaign.ledger import queries as q
+    from campaign import commands
 
     if endpoint:  # pages of rows from the endpoint's ledger, written here as they arrive
         from campaign import remote
 
-        n = remote.export_command(endpoint, name, workdir, db_url, fmt, what, out_file)
-        if out_file:
-            click.echo(f"{out_file}: {n} {what} row(s)", err=True)
-        return
-    led = _open(db_url, workdir, create=False)
-    out = out_file.open("w", newline="") if out_file else sys.stdout
-    try:
-        with led.session() as s:
-            c = q.find_campaigns(s, (name,), led.display_url)[0]
-            if what == "steps":
-                rows: Any = q.iter_campaign_steps(s, c)
-                columns: Any = q.EXPORT_STEP_COLUMNS
-            elif what == "attempts":
-                rows, columns = q.describe_campaign(s, c)["attempts_detail"], export.ATTEMPT_COLUMNS
-            else:
-                rows, columns = q.list_campaign_nodes(s, c), export.NODE_COLUMNS
-            n = export.write_rows(rows, columns, fmt, out)
-    finally:
-        led.close()
-        if out_file:
-            out.close()
+        with remote.Endpoint(endpoint) as ep:
+            n = _write_export(remote.export_rows(ep, name, what, workdir, db_url), what, fmt, out_file)
+    else:
+        led = _open(db_url, workdir, create=False)
+        try:
+            n = _write_export(commands.export_rows(led, name, what), what, fmt, out_file)
+        finally:
+            led.close()
     if out_file:
         click.echo(f"{out_file}: {n} {what} row(s)", err=True)
+
+
+def _write_export(rows: Any, what: str, fmt: str, out_file: Path | None) -> int:
+    from campaign import commands
+
+    if out_file is None:
+        return commands.write_export(rows, what, fmt, sys.stdout)
+    return commands.write_export_file(rows, what, fmt, out_file)
 
 
 @ledger.command("import-reference")
@@ -563,28 +549,14 @@ def ledger_import_reference(name: str, file: Path, db_url: str | None, workdir: 
     """Store the loss curve(s) of FILE (`step,loss`, `tokens,loss`, or `run,stage,nodes,tokens,loss`)
     as campaign NAME of site "imported", to plot beside live campaigns. A file of several
     runs becomes one campaign per run, NAME-RUN (or only --run, as NAME)."""
-    from campaign import export
-    from campaign.ledger import queries as q
+    from campaign import commands, export, names
 
+    names.check(name, "NAME")  # before the file is read or the ledger opened
     curves = export.read_curves(file, run=run, nodes=nodes, tokens_per_step=tokens_per_step)
+    targets = commands.reference_targets(name, curves, run)
     led = _open(db_url, workdir)
     try:
-        with led.session() as s:
-            made = []
-            for run_name, runs in curves.items():
-                target = name if run is not None or not run_name or len(curves) == 1 else f"{name}-{run_name}"
-                old = q.get_campaign(s, target)
-                if old is not None:
-                    if not (replace and old.site == "imported"):
-                        raise CampaignError(f"campaign {target!r} exists in {led.display_url}; "
-                                            + ("pass --replace to import it again" if old.site == "imported"
-                                               else "it is not an imported one: choose another NAME"))
-                    q.delete_campaign(s, old)
-                q.import_reference(s, target, runs, source=file.name)
-                points = sum(len(r["rows"]) for r in runs)
-                made.append(f"{target}: {len(runs)} curve(s), {points} point(s)"
-                            + ("" if any(p["tokens"] for r in runs for p in r["rows"]) else
-                               " (no tokens: pass --tokens-per-step to plot it against tokens)"))
+        made = commands.import_reference(led, targets, source=file.name, replace=replace)
     finally:
         led.close()
     click.echo("imported " + "; ".join(made))

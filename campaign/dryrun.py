@@ -12,17 +12,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from campaign.attempt import AttemptRequest, build_request
+from campaign import stages
+from campaign.attempt import AttemptRequest, build_request, trainer_config, version_root
 from campaign.spec import CampaignSpec
 from campaign.stagebase import StageSpec
 
 
-def render_dry_run(spec: CampaignSpec, workdir: Path) -> str:
-    """Text for a human to check before spending an allocation."""
+def render_dry_run(spec: CampaignSpec, workdir: Path, spec_dir: Path | None = None, version: int = 1) -> str:
+    """Text for a human to check before spending an allocation. `version`: the campaign
+    version the submission would run as (`commands.planned_version`)."""
     site = spec.site
     campaign_dir = workdir.resolve() / spec.name
+    root = version_root(campaign_dir, version)
     out = [f"# campaign {spec.name} on site {site.kind}: {len(spec.stages)} stage(s); dry run, nothing submitted",
-           f"# run directories under {campaign_dir}"]
+           f"# run directories under {root}" + (f" (version {version})" if version > 1 else "")]
     block = site.dry_run(campaign_dir / "parsl" / "000" / "submit_scripts")
     if block is not None:
         script, commands = block
@@ -37,29 +40,37 @@ def render_dry_run(spec: CampaignSpec, workdir: Path) -> str:
         out.append(f"\n## stage {i}/{len(spec.stages)} {stage.label} ({stage.kind}): "
                    f"{'/'.join(map(str, counts))} node(s) x {site.ranks_per_node} rank(s), timeout {stage.timeout_s:g} s")
         for number, n in enumerate(counts, 1):
-            out.append(launch_text(spec, stage, n, campaign_dir / stage.label / f"attempt-{number:03d}", number))
+            out.append(launch_text(spec, stage, n, root / stage.label, number, spec_dir))
     return "\n".join(out)
 
 
-def launch_text(spec: CampaignSpec, stage: StageSpec, n: int, run_dir: Path, attempt: int = 1) -> str:
+def launch_text(spec: CampaignSpec, stage: StageSpec, n: int, stage_dir: Path, attempt: int = 1,
+                spec_dir: Path | None = None) -> str:
     """The launch command of one attempt on `n` nodes: the supervisor's own launch plan
     (`AttemptRequest.launch_plan`), rendered; `python` stands for the worker's interpreter
     and the rendezvous port is the launcher's default (the supervisor picks a free one)."""
     from campaign.executors import launchers
 
-    request = _request(spec, stage, n, run_dir, attempt)
+    request = _request(spec, stage, n, stage_dir, attempt, spec_dir)
     return launchers.render(spec.site.launcher, request.launch_plan(spec.site.example_nodes(n)[:n], python="python"))
 
 
-def _request(spec: CampaignSpec, stage: StageSpec, n: int, run_dir: Path, attempt: int) -> AttemptRequest:
+def _request(spec: CampaignSpec, stage: StageSpec, n: int, stage_dir: Path, attempt: int,
+             spec_dir: Path | None) -> AttemptRequest:
+    """The request of the stage's attempt `attempt` at `n` nodes, with the targets its stage
+    module gives the attempt (`first_targets`), as the engine builds it."""
     from campaign.executors import launchers
 
-    return build_request(spec.site, spec.trainer.command, run_dir=run_dir, attempt=attempt, nodes=n, excluded=[],
-                         timeout_s=stage.timeout_s, faults=bool(getattr(stage, "faults", ())),
-                         master_port=launchers.DEFAULT_MASTER_PORT)
+    targets = stages.module(stage.kind).first_targets(stage, spec, n)
+    config = trainer_config(spec, targets, stage_dir=stage_dir, attempt=attempt,
+                            faults=tuple(getattr(stage, "faults", ())))
+    return build_request(spec.site, config, run_dir=stage_dir / f"attempt-{attempt:03d}", nodes=n, excluded=[],
+                         timeout_s=stage.timeout_s, master_port=launchers.DEFAULT_MASTER_PORT,
+                         spec_dir=(spec_dir or Path.cwd()).resolve())
 
 
-def dry_run_document(spec: CampaignSpec, workdir: Path) -> dict[str, Any]:
+def dry_run_document(spec: CampaignSpec, workdir: Path, spec_dir: Path | None = None,
+                     version: int = 1) -> dict[str, Any]:
     """`campaign submit FILE --dry-run --json`: the same facts as the text, as data. Each
     stage's `launch.placement` lists, for the first node, every local rank's CPUs, visible
     devices and device, computed by the function the trainer itself runs at start-up
@@ -69,6 +80,7 @@ def dry_run_document(spec: CampaignSpec, workdir: Path) -> dict[str, Any]:
 
     site = spec.site
     campaign_dir = workdir.resolve() / spec.name
+    root = version_root(campaign_dir, version)
     block = site.dry_run(campaign_dir / "parsl" / "000" / "submit_scripts")
     device_type, per_node = site.devices()
     stages = []
@@ -76,21 +88,21 @@ def dry_run_document(spec: CampaignSpec, workdir: Path) -> dict[str, Any]:
         counts = getattr(stage, "node_counts", None) or [stage.nodes or site.nodes]
         attempts = []
         for number, n in enumerate(counts, 1):
-            run_dir = campaign_dir / stage.label / f"attempt-{number:03d}"
-            request = _request(spec, stage, n, run_dir, number)
+            run_dir = root / stage.label / f"attempt-{number:03d}"
+            request = _request(spec, stage, n, root / stage.label, number, spec_dir)
             plan = request.launch_plan(site.example_nodes(n)[:n], python="python")
             attempts.append({"nodes": n, "run_dir": str(run_dir), "command": launchers.render(site.launcher, plan),
                              "env": dict(plan.env)})
         try:
             placement: list[dict[str, Any]] | dict[str, str] = launch_placement(
-                _request(spec, stage, counts[0], campaign_dir / stage.label, 1), site.ranks_per_node, device_type,
+                _request(spec, stage, counts[0], root / stage.label, 1, spec_dir), site.ranks_per_node, device_type,
                 per_node)
         except PlacementError as e:
             placement = {"error": str(e)}
         stages.append({"name": stage.label, "kind": stage.kind, "node_counts": counts, "timeout_s": stage.timeout_s,
                        "launch": {"launcher": site.launcher, "ranks_per_node": site.ranks_per_node,
                                   "device_type": device_type, "placement": placement, "attempts": attempts}})
-    return {"campaign": spec.name, "site": site.kind, "run_root": str(campaign_dir),
+    return {"campaign": spec.name, "site": site.kind, "version": version, "run_root": str(root),
             "block": None if block is None else {"nodes": site.block_nodes, "active": site.nodes,
                                                  "walltime_s": site.block_walltime_s(), "submit": block[1],
                                                  "script": block[0]},

@@ -27,17 +27,19 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from campaign import report, stages
-from campaign.attempt import AttemptRequest, AttemptRunner, StageContext
+import sqlalchemy as sa
+
+from campaign import goodput, report, stages
+from campaign.attempt import AttemptRequest, AttemptRunner, StageContext, version_root
 from campaign.errors import CampaignConflict, LeaseLost
 from campaign.executors.base import LABEL, Site
 from campaign.lease import DriverLease
 from campaign.ledger import Ledger
-from campaign.ledger import queries as q
+from campaign.ledger import reads, writes
 from campaign.ledger.models import Campaign, StageRun
 from campaign.progress import Progress
 from campaign.recovery import DRIVER_FILE, reap_dead_driver, recover_orphans
-from campaign.spec import CampaignSpec
+from campaign.spec import CampaignSpec, reread_digest
 from campaign.stagebase import StageSpec, Verdict
 from campaign.supervisor import STOP_FILE
 
@@ -75,27 +77,44 @@ class Engine:
     # --- campaign -----------------------------------------------------------------------
 
     def register(self, source: str, *, new_version: bool = False) -> Campaign:
-        """Find or create the campaign row; refuse a different spec under the same name."""
+        """Find or create the campaign row; refuse a different spec under the same name. Two
+        drivers that create the same campaign at the same moment: the one that finds the other's
+        row (IntegrityError on its own insert) looks again; the lease then picks one driver."""
+        try:
+            return self._register(source, new_version=new_version)
+        except sa.exc.IntegrityError:
+            return self._register(source, new_version=new_version)
+
+    def _register(self, source: str, *, new_version: bool) -> Campaign:
         digest = self.spec.digest()
         spec_json = json.loads(self.spec.canonical_json())
-        with self.ledger.session() as s:
-            c = q.get_campaign(s, self.spec.name)
-            if c is None:
-                c = q.create_campaign(s, name=self.spec.name, digest=digest, spec_json=spec_json, source=source,
-                                      site=self.site_name, workdir=str(self.campaign_dir), spec_dir=str(self.spec_dir))
-            elif c.spec_digest != digest:
-                if not new_version:
-                    raise CampaignConflict(
-                        f"campaign {self.spec.name!r} already exists in the ledger with a different spec "
-                        f"({c.spec_digest[:12]}, this file {digest[:12]}); rename the campaign, or run a new "
-                        "version of it with: campaign submit FILE --new-version"
-                    )
-                q.bump_campaign_version(s, c, digest=digest, spec_json=spec_json, source=source)
-            q.ensure_stage_runs(s, c, [(st.label, st.kind) for st in self.spec.stages])
-            self.campaign_id = c.id
-            # Each version trains in its own directories: v2 must never resume v1's checkpoints.
-            self.run_root = self.campaign_dir if c.version == 1 else self.campaign_dir / f"v{c.version}"
-            return c
+        for unit in self.writes("registering the campaign"):
+            with unit as s:
+                c = self._register_in(s, source, digest, spec_json, new_version)
+        return c
+
+    def _register_in(self, s: Any, source: str, digest: str, spec_json: dict[str, Any], new_version: bool) -> Campaign:
+        c = reads.get_campaign(s, self.spec.name)
+        if c is None:
+            c = writes.create_campaign(s, name=self.spec.name, digest=digest, spec_json=spec_json, source=source,
+                                       site=self.site_name, workdir=str(self.campaign_dir), spec_dir=str(self.spec_dir))
+        elif c.spec_digest != digest and reread_digest(c.spec_source, self.spec.name) == digest:
+            # The same file, read by a release whose spec has more fields (at their defaults)
+            # than the one that stored it: the same campaign, under this release's digest.
+            writes.refresh_campaign_digest(s, c, digest=digest, spec_json=spec_json)
+        elif c.spec_digest != digest:
+            if not new_version:
+                raise CampaignConflict(
+                    f"campaign {self.spec.name!r} already exists in the ledger with a different spec "
+                    f"({c.spec_digest[:12]}, this file {digest[:12]}); rename the campaign, or run a new "
+                    "version of it with: campaign submit FILE --new-version"
+                )
+            writes.bump_campaign_version(s, c, digest=digest, spec_json=spec_json, source=source)
+        writes.ensure_stage_runs(s, c, [(st.label, st.kind) for st in self.spec.stages])
+        self.campaign_id = c.id
+        # Each version trains in its own directories: v2 must never resume v1's checkpoints.
+        self.run_root = version_root(self.campaign_dir, c.version)
+        return c
 
     @property
     def site_name(self) -> str:
@@ -124,8 +143,8 @@ class Engine:
             with unit as s:
                 c = s.get(Campaign, self.campaign_id)
                 assert c is not None
-                runs = q.current_stage_runs(s, c)
-                q.set_campaign_state(s, c, "running")
+                runs = reads.current_stage_runs(s, c)
+                writes.set_campaign_state(s, c, "running")
         self.progress.campaign_started(self.spec.name, self.ledger.display_url, len(runs))
         todo = [(r, st) for r, st in zip(runs, self.spec.stages) if r.state != "passed"]
         for run in runs:
@@ -234,7 +253,7 @@ class Engine:
             with unit as s:
                 c = s.get(Campaign, self.campaign_id)
                 assert c is not None
-                q.add_event(s, c, "block_restarted", message)
+                writes.add_event(s, c, "block_restarted", message)
         self.progress.event(message)
         self._unload_parsl()
         self._load_parsl(self.spec.site)
@@ -252,7 +271,7 @@ class Engine:
             with unit as s:
                 c = s.get(Campaign, self.campaign_id)
                 assert c is not None
-                q.add_event(s, c, "block_renewed", message, data={"excluded": excluded})
+                writes.add_event(s, c, "block_renewed", message, data={"excluded": excluded})
         self.progress.event(message)
         self._unload_parsl()
         self._load_parsl(new_site)
@@ -284,7 +303,8 @@ class Engine:
             with unit as s:
                 r = s.get(StageRun, run.id)
                 assert r is not None
-                q.set_stage_state(s, r, state, verdict=verdict, numbers=numbers)
+                writes.set_stage_state(s, r, state, verdict=verdict, numbers=numbers)
+                goodput.record_stage(s, r)
         run.state = state
 
     def _finish_campaign(self, *, cancelled: bool = False) -> int:
@@ -292,12 +312,12 @@ class Engine:
             with unit as s:
                 c = s.get(Campaign, self.campaign_id)
                 assert c is not None
-                runs = q.current_stage_runs(s, c)
+                runs = reads.current_stage_runs(s, c)
                 ok = all(r.state == "passed" or (r.state == "failed" and self.spec.stage(r.name).continue_on_failure)
                          for r in runs)
                 state = "cancelled" if cancelled else "succeeded" if ok else "failed"
-                q.set_campaign_state(s, c, state)
-                summary = q.summarize_campaign(s, c)
+                writes.set_campaign_state(s, c, state)
+                summary = reads.summarize_campaign(s, c)
         self.progress.campaign_finished(summary)
         return EXIT_CANCELLED if cancelled else 0 if ok else 1
 
@@ -340,4 +360,3 @@ class Engine:
     def _lease_lost(self, why: str) -> None:
         self.lease_lost = why
         self.progress.event(f"lost the lease: {why}; stopping without touching the job")
-

@@ -3,6 +3,7 @@
     CampaignError            root; the CLI prints it and exits with its `exit_code`
     ├── SpecError            the YAML file is malformed or invalid (exit 2)
     ├── LedgerError          the ledger cannot be used as asked (exit 2)
+    │   ├── NoLedger         there is no ledger yet where one was to be read (exit 2)
     │   └── SchemaOutOfDate  the ledger's schema is older than this release (exit 2)
     ├── CampaignConflict     same name, different spec, or another driver holds it (exit 2)
     │   └── LeaseLost        another driver took this driver's lease: it stops, trainers untouched (exit 2)
@@ -32,6 +33,10 @@ class SpecError(CampaignError):
 
 class LedgerError(CampaignError):
     """The ledger cannot be opened, read or written as asked."""
+
+
+class NoLedger(LedgerError):
+    """No ledger exists where one was to be read (a SQLite file not made yet)."""
 
 
 class SchemaOutOfDate(LedgerError):

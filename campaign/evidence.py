@@ -156,6 +156,9 @@ SOFTWARE: tuple[Signature, ...] = (
     _sig("command_not_found", r"command not found|: not found$", "shell: a missing command (exits 127)", "software"),
     _sig("no_space", r"No space left on device|\bENOSPC\b|\[Errno 28\]",
          "errno 28 ENOSPC: the file system (shared: every node alike) is full", "software"),
+    _sig("short_write", r"inline_container\.cc.*unexpected pos|PytorchStreamWriter failed writing",
+         "PyTorch's checkpoint writer wrote less than it asked for (seen on a full tmpfs: 'unexpected pos 704 vs "
+         "598'): a full file system or quota, as ENOSPC", "software"),
     _sig("state_dict_mismatch", r"Missing key\(s\) in state_dict|Unexpected key\(s\) in state_dict|"
          r"size mismatch for \S+|Error\(s\) in loading state_dict",
          "torch.nn.Module.load_state_dict: the checkpoint does not fit the model", "software"),
@@ -397,9 +400,11 @@ def assess(exits_seen: Sequence[RankExit], *, first_step: bool, nodes: Sequence[
     Rules, in order: a stall's suspects; the trainer contract's systemic exit codes; local
     hardware signatures; death by a node signal on one node alone; the same failure (exit
     code and the last error line's signature, else the normalised line) on two or more nodes; a known software signature;
-    a network error; otherwise unknown. Among failures seen in the same poll, the primary one
-    is the rank killed by a node signal, then one with a hardware signature, then the earliest,
-    then the lowest rank.
+    a network error; otherwise unknown. The failures considered first are those seen within
+    `same_poll_s` of the first one, unless all of these only report a network error (victims of
+    a lost peer): then those within `same_poll_s` of the first failure without one. Among them
+    the primary one is the rank killed by a node signal, then one with a hardware signature,
+    then the earliest, then the lowest rank.
     """
     job_nodes = list(dict.fromkeys([*nodes, *(e.node for e in exits_seen if e.node)]))
     if stall_suspects:
@@ -414,6 +419,12 @@ def assess(exits_seen: Sequence[RankExit], *, first_step: bool, nodes: Sequence[
                        "stopping the job); nothing to blame", "no_failure")
     t0 = min(f.exit.seen_at for f in failed)
     wave = [f for f in failed if f.exit.seen_at - t0 <= same_poll_s]
+    causes = [f for f in failed if f.fabric is None]
+    if causes and all(f.fabric is not None for f in wave):
+        # The first to fail only report a lost peer: victims, who can die before the rank that
+        # failed (its exit may take a while). The failure is the first one without a network error.
+        t1 = min(f.exit.seen_at for f in causes)
+        wave = [f for f in causes if f.exit.seen_at - t1 <= same_poll_s]
     primary = min(wave, key=lambda f: (f.signal is None, f.local is None, f.exit.seen_at, f.exit.rank))
     code = primary.exit.code
     head = _how(primary.exit) + _quote(primary)
@@ -474,10 +485,10 @@ def assess(exits_seen: Sequence[RankExit], *, first_step: bool, nodes: Sequence[
 
     # 5. A known software signature (and no network error behind it).
     if primary.software is not None and primary.fabric is None:
-        name = primary.software[0].name
+        name, what = primary.software[0].name, primary.software[0].source
         return _finding("systemic", "stop", "software_signature", primary,
-                        f"{head}. A software or configuration error ({name}): relaunching elsewhere would fail the "
-                        "same way; no node is blamed.", sig=name)
+                        f"{head}. A software or configuration error ({name}: {what}): relaunching elsewhere would "
+                        "fail the same way; no node is blamed.", sig=name)
 
     # 6. Network errors alone: the failing node and its victims print the same.
     if primary.fabric is not None:

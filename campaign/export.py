@@ -108,13 +108,20 @@ def read_curves(path: Path, *, run: str | None = None, nodes: int | None = None,
 
 def _read_table(path: Path) -> tuple[list[str], list[tuple[int, list[str]]]]:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise SpecError(str(path), [f"cannot read the file: {e.strerror or e}"]) from None
+    except UnicodeDecodeError as e:
+        from campaign.reference import not_text
+
+        raise SpecError(str(path), [not_text(e)]) from None
     lines = [(i, ln) for i, ln in enumerate(text.splitlines(), 1) if ln.strip() and not ln.lstrip().startswith("#")]
     if not lines:
         raise SpecError(str(path), ["the file is empty"])
-    parsed = list(csv.reader([ln for _, ln in lines]))
+    try:
+        parsed = list(csv.reader([ln for _, ln in lines]))
+    except csv.Error as e:
+        raise SpecError(str(path), [f"not a CSV file: {e}"]) from None
     header = [h.strip().lower() for h in parsed[0]]
     return header, [(lines[i][0], rec) for i, rec in enumerate(parsed) if i > 0]
 

@@ -9,6 +9,7 @@ taken stops without touching the trainers (the new holder adopts them).
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import socket
 import threading
@@ -22,8 +23,8 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from campaign.errors import CampaignConflict
 from campaign.ledger import Ledger
-from campaign.ledger import queries as q
-from campaign.ledger.models import Campaign, Lease, utcnow
+from campaign.ledger import reads, writes
+from campaign.ledger.models import Campaign, Lease, db_utcnow
 
 TTL_S = 60.0
 """A lease not renewed for this long is stale (its driver hung or died elsewhere)."""
@@ -77,14 +78,16 @@ class DriverLease:
         exactly one wins; the first lease of a campaign is an INSERT that the unique
         campaign_id lets only one driver make. A holder on this host whose process still
         runs is never taken over, however old its renewal (stopped with SIGSTOP or Ctrl-Z,
-        or the clock jumped): only a holder on another host can be judged by age alone."""
+        or the clock jumped): only a holder on another host can be judged by age alone, and
+        on the ledger's clock (PostgreSQL's server clock: a host whose own clock is wrong
+        neither loses nor steals a lease)."""
         try:
             with self.ledger.session() as s:
                 c = s.get(Campaign, self.campaign_id)
                 assert c is not None
-                held = q.get_lease(s, c)
+                held = reads.get_lease(s, c)
                 if held is None:
-                    q.take_lease(s, c, host=self.host, pid=self.pid, token=self.token, ttl_s=self.ttl_s)
+                    writes.take_lease(s, c, host=self.host, pid=self.pid, token=self.token, ttl_s=self.ttl_s)
                 elif held.token != self.token:
                     self._take_over(s, c, held)
         except (IntegrityError, OperationalError) as e:
@@ -98,30 +101,30 @@ class DriverLease:
         self._thread.start()
 
     def _take_over(self, s: Any, c: Campaign, held: Any) -> None:
-        age = (utcnow() - held.renewed).total_seconds()
+        now = db_utcnow(s)  # ages on the ledger's clock: the holder renewed on it too
+        age = (now - held.renewed).total_seconds()
         here = held.host == self.host
-        alive = driver_alive(held.pid) if here else age < held.ttl_s
-        if alive:
+        if is_live(held, now):
             stalled = f"; it has not renewed for {age:.0f} s: is it stopped (Ctrl-Z, SIGSTOP)? `kill -CONT {held.pid}`" \
                 if here and age >= held.ttl_s else ""
             raise CampaignConflict(
                 f"campaign {c.name!r} is being driven by pid {held.pid} on {held.host} (lease renewed {age:.0f} s "
                 f"ago{stalled}); watch it with `campaign status {c.name}`, or stop it with `campaign cancel {c.name}`")
         taken = s.execute(sa.update(Lease).where(Lease.campaign_id == c.id, Lease.token == held.token)
-                          .values(host=self.host, pid=self.pid, token=self.token, ttl_s=self.ttl_s, renewed=utcnow()))
+                          .values(host=self.host, pid=self.pid, token=self.token, ttl_s=self.ttl_s, renewed=now))
         if taken.rowcount != 1:
             raise CampaignConflict(f"campaign {c.name!r}: another driver took over the stale lease first; "
                                    f"watch it with `campaign status {c.name}`")
         self.took_over = {"host": held.host, "pid": held.pid, "age_s": round(age, 1), "dead": here}
-        q.add_event(s, c, "lease_taken_over", f"took over a stale lease of pid {held.pid} on {held.host} "
-                    f"({'process gone' if here else f'not renewed for {age:.0f} s'})")
+        writes.add_event(s, c, "lease_taken_over", f"took over a stale lease of pid {held.pid} on {held.host} "
+                         f"({'process gone' if here else f'not renewed for {age:.0f} s'})")
 
     def _renew(self) -> None:
         while not self._stop.wait(RENEW_S):
             try:
                 with self.ledger.session() as s:
                     kept = s.execute(sa.update(Lease).where(Lease.campaign_id == self.campaign_id,
-                                                            Lease.token == self.token).values(renewed=utcnow()))
+                                                            Lease.token == self.token).values(renewed=db_utcnow(s)))
                     holder = None if kept.rowcount == 1 else s.scalar(
                         sa.select(Lease).where(Lease.campaign_id == self.campaign_id))
                     why = None if kept.rowcount == 1 else (
@@ -141,12 +144,13 @@ class DriverLease:
         with self.ledger.session() as s:
             c = s.get(Campaign, self.campaign_id)
             if c is not None:
-                q.drop_lease(s, c, self.token)
+                writes.drop_lease(s, c, self.token)
 
 
-def is_live(held: Any) -> bool:
-    """Whether a lease row's driver still runs: renewed within its ttl and, when it was taken
-    on this host, its process exists. (`campaign submit --endpoint` attaches to such a driver.)"""
+def is_live(held: Any, now: dt.datetime) -> bool:
+    """Whether a lease row's driver still runs: when it was taken on this host, its process
+    exists; else it was renewed within its ttl before `now`, the ledger's clock (`db_utcnow`).
+    (Take-over refuses such a lease; `campaign submit --endpoint` attaches to its driver.)"""
     if held.host == socket.gethostname():
         return driver_alive(held.pid)
-    return (utcnow() - held.renewed).total_seconds() < held.ttl_s
+    return (now - held.renewed).total_seconds() < held.ttl_s

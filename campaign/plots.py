@@ -1,6 +1,6 @@
 """Charts of the ledger, as pure functions from query results to matplotlib Figures.
 
-    series = queries.sample_campaign_steps(session, campaign)       # downsampled in SQL
+    series = reads.sample_campaign_steps(session, campaign)          # downsampled in SQL
     fig = progress_figure([series], reference=curves, log_x=True)
     save(fig, "out/progress.png")
 
@@ -80,7 +80,7 @@ def _run_label(s: dict[str, Any], several: bool, one_count: bool = True) -> str:
 def progress_figure(campaigns: Sequence[Sequence[dict[str, Any]]], *, reference: dict[str, list[dict[str, Any]]] | None = None,
                     log_x: bool = False, title: str | None = None) -> Figure:
     """Loss against cumulative tokens. `campaigns`: per campaign, the attempt series of
-    `queries.sample_campaign_steps`; `reference`: curves of `export.read_curves`. Each
+    `reads.sample_campaign_steps`; `reference`: curves of `export.read_curves`. Each
     attempt's line has gid CAMPAIGN/STAGE/ATTEMPT (a reference run's: reference/RUN).
     In an imported run (site "imported"), a stage whose tokens continue where the previous
     stage ended is drawn joined to it (stage 2 of a pretraining run goes on from stage 1);

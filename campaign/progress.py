@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemaini
 from rich.progress import Progress as RichProgress
 
 HEADERS = {"step_time_s": "step s", "tokens_per_s": "tok/s", "comm_time_s": "comm s", "comm_share": "comm %",
-           "mem_peak_gib": "mem GiB", "last_loss": "loss", "efficiency": "eff"}
+           "mem_peak_gib": "mem GiB", "loss": "loss", "efficiency": "eff"}
 """Short column names for the tables printed during a run."""
 LOG_PERIOD_S = 10.0
 """Plain logs get at most one progress line per stage per this many seconds."""

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from campaign import report
 from campaign.lease import process_alive
-from campaign.ledger import queries as q
+from campaign.ledger import reads, writes
 from campaign.ledger.models import Attempt, Campaign
 
 if TYPE_CHECKING:
@@ -75,13 +75,13 @@ def _recover(s: Session, campaign_id: int, site: Site, say: Callable[[str], None
     c = s.get(Campaign, campaign_id)
     assert c is not None
     count = 0
-    for a in q.list_open_attempts(s, c):
+    for a in reads.list_open_attempts(s, c):
         stopped = stop_orphan(Path(a.run_dir), site)
         adopted = adopt_orphan(s, a)
-        q.finish_attempt(s, a, state="orphaned", exit_code=None, suspects=[],
-                         summary={**(a.summary or {}), "recovery": stopped, "adopted": adopted})
-        q.add_event(s, c, "attempt_orphaned", f"stage {a.stage_run.name} attempt {a.number} was left running "
-                    f"by a driver that died; {stopped}", stage_run=a.stage_run, attempt=a)
+        writes.finish_attempt(s, a, state="orphaned", exit_code=None, suspects=[],
+                              summary={**(a.summary or {}), "recovery": stopped, "adopted": adopted})
+        writes.add_event(s, c, "attempt_orphaned", f"stage {a.stage_run.name} attempt {a.number} was left running "
+                         f"by a driver that died; {stopped}", stage_run=a.stage_run, attempt=a)
         if a.stage_run.state == "running":
             a.stage_run.state = "pending"
         say(f"recovered stage {a.stage_run.name} attempt {a.number}: {stopped}; adopted {adopted['steps']} "
@@ -95,16 +95,19 @@ def adopt_orphan(s: Session, a: Attempt) -> dict[str, int]:
     every step of its metrics.jsonl (ingestion is idempotent) and its checkpoints, so the
     stage's totals and the relaunch's resume point agree with the disk."""
     run_dir = Path(a.run_dir)
-    rows, _ = report.read_metrics(run_dir)
-    steps = q.ingest_steps(s, a, rows)
+    checked = report.read_metrics_checked(run_dir)  # the whole file: the count of bad rows is exact
+    steps = writes.ingest_steps(s, a, checked.rows)
+    bad = report.bad_rows_summary(checked, run_dir)
+    if bad is not None:
+        writes.record_bad_metric_rows(s, a, bad, first=not (a.summary or {}).get("bad_metric_rows"))
     try:
         ckpt_dir = Path(json.loads((run_dir / "trainer.json").read_text())["run"]["checkpoint_dir"])
     except (OSError, ValueError, KeyError, TypeError):
         return {"steps": steps, "checkpoints": 0}
     checkpoints = report.list_checkpoints(ckpt_dir) if ckpt_dir.is_dir() else []
     for ck in checkpoints:
-        q.record_checkpoint(s, a.stage_run, a, step=ck["step"], tokens=ck.get("tokens") or 0, path=str(ck["path"]),
-                            complete=bool(ck["complete"]))
+        writes.record_checkpoint(s, a.stage_run, a, step=ck["step"], tokens=ck.get("tokens") or 0, path=str(ck["path"]),
+                                 complete=bool(ck["complete"]))
     return {"steps": steps, "checkpoints": len(checkpoints)}
 
 

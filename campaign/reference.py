@@ -38,10 +38,14 @@ class Reference(StrictModel):
 def read_csv(path: Path) -> dict[int, float]:
     """`step,loss` rows; a clear SpecError on anything else."""
     try:
-        with path.open(newline="") as f:
+        with path.open(newline="", encoding="utf-8") as f:
             rows = list(csv.reader(f))
     except OSError as e:
         raise SpecError(str(path), [f"cannot read the reference file: {e.strerror or e}"]) from None
+    except UnicodeDecodeError as e:
+        raise SpecError(str(path), [not_text(e)]) from None
+    except csv.Error as e:
+        raise SpecError(str(path), [f"not a CSV file: {e}"]) from None
     if rows and rows[0] and not _is_number(rows[0][0]):
         header = [h.strip().lower() for h in rows[0]]
         if header[:2] != ["step", "loss"]:
@@ -58,18 +62,33 @@ def read_csv(path: Path) -> dict[int, float]:
     return out
 
 
+def not_text(e: UnicodeDecodeError) -> str:
+    """The problem line for a file that is not UTF-8 text (a binary file given as a CSV)."""
+    return f"not a text file: byte 0x{e.object[e.start]:02x} at offset {e.start} is not UTF-8; expected a CSV file"
+
+
+def check_files(stages: Any, spec_dir: Path) -> None:
+    """Read every reference CSV the stages name (relative to the campaign file's folder),
+    so that a missing, binary or malformed one is refused before anything is submitted."""
+    for stage in stages:
+        ref = getattr(stage, "reference", None)
+        if isinstance(ref, Reference) and ref.file:
+            path = Path(ref.file)
+            read_csv(path if path.is_absolute() else spec_dir / path)
+
+
 def from_ledger(ledger: Any, ref: str) -> dict[int, float]:
     """Losses by step of the newest stage run CAMPAIGN/STAGE: its latest attempt covering each step."""
-    from campaign.ledger import queries as q
+    from campaign.ledger import reads
 
     campaign, stage = ref.split("/", 1)
     with ledger.session() as s:
-        run = q.get_stage_run(s, campaign, stage)
+        run = reads.get_stage_run(s, campaign, stage)
         if run is None:
             raise SpecError(ref, [f"reference stage run {ref} is not in the ledger; run it first or record one"])
         out: dict[int, float] = {}
         for a in run.attempts:
-            for m in q.list_steps(s, a.id):
+            for m in reads.list_steps(s, a.id):
                 if m.loss is not None:
                     out[m.step] = m.loss
         return out

@@ -4,9 +4,11 @@
     with Endpoint(uuid) as ep:                       # credentials, then a version report
         info = ep.call(start_driver, spec_text=..., filename=..., workdir="campaigns")
 
-Two halves in one module:
+Two halves in one module, neither holding a command's logic (that is `campaign.commands`,
+which the CLI calls too; the CLI renders what comes back):
 
-* Endpoint functions run ON the endpoint host. They are plain module-level functions whose
+* Endpoint functions run ON the endpoint host: thin wrappers of `campaign.commands`
+  functions, plain module-level functions whose
   arguments and results are JSON data (the client sends both through the SDK's JSONData
   strategy, so nothing else survives); they travel by reference (DillCode, the SDK's
   default), so the endpoint imports them from its own installed `campaign`. Each answers
@@ -26,6 +28,7 @@ that started it; its ledger lease is what makes a second submit attach instead.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -37,15 +40,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from campaign import commands
 from campaign.errors import CampaignError, RemoteError
 
 RESULT_LIMIT_BYTES = 10 * 2**20
 """The Globus Compute service refuses task results larger than this (10 MiB)."""
 ANSWER_LIMIT_BYTES = 8 * 2**20
 """Endpoint functions refuse to return more JSON than this (headroom for the envelope)."""
-PAGE_BYTES = 2 * 2**20
-"""One page of `ledger export --what steps` is cut at about this much JSON."""
-PAGE_ROWS = 20_000
+PAGE_ROWS = commands.PAGE_ROWS
+"""Rows the client asks for in one page of `ledger export --what steps` (tests make it small)."""
 DRIVER_START_S = 60.0
 """How long `start_driver` waits for the new driver to take the campaign's lease."""
 CALL_TIMEOUT_S = float(os.environ.get("CAMPAIGN_REMOTE_TIMEOUT", "300"))
@@ -116,19 +119,6 @@ def _cli(wd: Path, url: str, *argv: str) -> list[str]:
     return [sys.executable, "-m", "campaign.cli", *argv, "--workdir", str(wd), "--db", url]
 
 
-def _driver(ledger: Any, name: str) -> dict[str, Any] | None:
-    """The live driver of campaign `name` (its lease), or None."""
-    from campaign.lease import is_live
-    from campaign.ledger import queries as q
-
-    with ledger.session() as s:
-        c = q.get_campaign(s, name)
-        lease = q.get_lease(s, c) if c is not None else None
-        if lease is None or not is_live(lease):
-            return None
-        return {"host": lease.host, "pid": lease.pid, "digest": c.spec_digest}
-
-
 @_answer
 def start_driver(spec_text: str, filename: str, workdir: str = "campaigns", db_url: str | None = None,
                  new_version: bool = False) -> dict[str, Any]:
@@ -146,7 +136,7 @@ def start_driver(spec_text: str, filename: str, workdir: str = "campaigns", db_u
     try:
         where = {"name": spec.name, "ledger": ledger.display_url, "workdir": str(wd),
                  "log": str(wd / spec.name / "driver.log")}
-        held = _driver(ledger, spec.name)
+        held = commands.live_driver(ledger, spec.name)
         if held is not None:
             if held["digest"] != spec.digest() and not new_version:
                 raise CampaignConflict(f"campaign {spec.name!r} is running there with a different spec; "
@@ -176,7 +166,7 @@ def _await_lease(ledger: Any, name: str, proc: subprocess.Popen[bytes], log: Pat
     """Wait until the new driver holds the lease (or lost it to another, or exited)."""
     end = time.monotonic() + DRIVER_START_S
     while time.monotonic() < end:
-        held = _driver(ledger, name)
+        held = commands.live_driver(ledger, name)
         if held is not None:
             return {"attached": held["pid"] != proc.pid, "host": held["host"], "pid": held["pid"]}
         code = proc.poll()
@@ -193,112 +183,48 @@ def _await_lease(ledger: Any, name: str, proc: subprocess.Popen[bytes], log: Pat
 @_answer
 def read_status(name: str | None, workdir: str = "campaigns", db_url: str | None = None) -> dict[str, Any]:
     """`campaign status [NAME] --json` of the ledger on this host, plus its live driver."""
-    from campaign.ledger import open_ledger
-    from campaign.ledger import queries as q
-
-    ledger = open_ledger(_where(workdir, db_url)[1], create=False)
-    try:
-        with ledger.session() as s:
-            if name is None:
-                return {"data": [q.summarize_campaign_row(s, c) for c in q.list_campaigns(s)], "ledger": ledger.display_url}
-            c = q.get_campaign(s, name)
-            if c is None:
-                known = ", ".join(x.name for x in q.list_campaigns(s)) or "none"
-                raise CampaignError(f"no campaign named {name!r} in {ledger.display_url} (campaigns: {known})")
-            data = q.describe_campaign(s, c)
-        return {"data": data, "ledger": ledger.display_url, "driver": _driver(ledger, name)}
-    finally:
-        ledger.close()
+    with _ledger(workdir, db_url) as ledger:
+        data = commands.status_data(ledger, name)
+        driver = commands.live_driver(ledger, name) if name is not None else None
+        return {"data": data, "ledger": ledger.display_url, "driver": driver}
 
 
 @_answer
 def read_plot_data(names: list[str], kind: str = "progress", stage: str | None = None, max_points: int = 4000,
                    workdir: str = "campaigns", db_url: str | None = None) -> dict[str, Any]:
-    """What `campaign plot` draws, from the ledger on this host: `tables` (scaling) or
-    `series` (progress, steps; downsampled in SQL to `max_points` per campaign)."""
-    from campaign.ledger import open_ledger
-    from campaign.ledger import queries as q
-
-    ledger = open_ledger(_where(workdir, db_url)[1], create=False)
-    try:
-        with ledger.session() as s:
-            found = q.find_campaigns(s, tuple(names), ledger.display_url)
-            out: dict[str, Any] = {"names": [c.name for c in found]}
-            if kind == "scaling":
-                out["tables"] = [(f"{c.name} / {r.name}" if len(found) > 1 else r.name, r.numbers["table"])
-                                 for c in found for r in q.current_stage_runs(s, c)
-                                 if r.kind == "scaling" and (r.numbers or {}).get("table")]
-            else:
-                columns = ("loss", "step_time_s") if kind == "steps" else ("loss",)
-                out["series"] = [q.sample_campaign_steps(s, c, stage=stage or (q.busiest_stage(s, c) if kind == "steps" else None),
-                                                         max_points=max_points, columns=columns) for c in found]
-            return out
-    finally:
-        ledger.close()
+    """`commands.plot_data` of the ledger on this host: what `campaign plot` draws."""
+    with _ledger(workdir, db_url) as ledger:
+        return commands.plot_data(ledger, names, kind, stage, max_points)
 
 
 @_answer
 def read_export_page(name: str, what: str = "steps", cursor: list[int] | None = None, workdir: str = "campaigns",
-                     db_url: str | None = None, max_rows: int = PAGE_ROWS, max_bytes: int = PAGE_BYTES) -> dict[str, Any]:
-    """One page of `campaign ledger export`: `rows` and the `cursor` of the next page (None:
-    the last). Steps are paged by (attempt, step) on the index; attempts and nodes come whole."""
-    from campaign.ledger import open_ledger
-    from campaign.ledger import queries as q
-
-    ledger = open_ledger(_where(workdir, db_url)[1], create=False)
-    try:
-        with ledger.session() as s:
-            c = q.find_campaigns(s, (name,), ledger.display_url)[0]
-            if what == "attempts":
-                return {"rows": q.describe_campaign(s, c)["attempts_detail"], "cursor": None}
-            if what == "nodes":
-                return {"rows": q.list_campaign_nodes(s, c), "cursor": None}
-            rows, nxt = _steps_page(s, c, cursor, max_rows, max_bytes)
-            return {"rows": rows, "cursor": nxt}
-    finally:
-        ledger.close()
-
-
-def _steps_page(s: Any, c: Any, cursor: list[int] | None, max_rows: int,
-                max_bytes: int) -> tuple[list[dict[str, Any]], list[int] | None]:
-    """Rows shaped like `queries.iter_campaign_steps`, from attempt index cursor[0] after
-    step cursor[1], until max_rows or about max_bytes of JSON."""
-    import sqlalchemy as sa
-
-    from campaign.ledger import queries as q
-    from campaign.ledger.models import StepMetric
-
-    first, after = cursor or (0, None)
-    pairs = q.list_attempts(s, c)
-    rows: list[dict[str, Any]] = []
-    size = 0
-    for i in range(first, len(pairs)):
-        run, a = pairs[i]
-        query = (sa.select(StepMetric.step, StepMetric.tokens, *(getattr(StepMetric, f) for f in q.METRIC_FIELDS))
-                 .where(StepMetric.attempt_id == a.id).order_by(StepMetric.step).limit(max_rows - len(rows)))
-        if i == first and after is not None:
-            query = query.where(StepMetric.step > after)
-        for row in s.execute(query):
-            out = {"stage": run.name, "attempt": a.number, "label": a.label, "nodes": q.attempt_node_count(a),
-                   "step": row[0], "tokens": a.tokens_base + row[1], "attempt_tokens": row[1],
-                   **dict(zip(q.METRIC_FIELDS, row[2:]))}
-            rows.append(out)
-            size += len(json.dumps(out))
-            if len(rows) >= max_rows or size >= max_bytes:
-                return rows, [i, int(row[0])]
-    return rows, None
+                     db_url: str | None = None, max_rows: int = commands.PAGE_ROWS,
+                     max_bytes: int = commands.PAGE_BYTES) -> dict[str, Any]:
+    """`commands.export_page` of the ledger on this host: one page of `campaign ledger export`."""
+    with _ledger(workdir, db_url) as ledger:
+        return commands.export_page(ledger, name, what, cursor, max_rows=max_rows, max_bytes=max_bytes)
 
 
 @_answer
 def cancel_driver(name: str, workdir: str = "campaigns", db_url: str | None = None, wait_s: float = 60.0) -> dict[str, Any]:
-    """`campaign cancel NAME` on this host (where the driver runs); answers its output."""
-    wd, url = _where(workdir, db_url)
-    p = subprocess.run(_cli(wd, url, "cancel", name, "--wait", str(wait_s)), capture_output=True, text=True,
-                       stdin=subprocess.DEVNULL, timeout=wait_s + 60, check=False)
-    if p.returncode != 0:
-        err = p.stderr.strip().removeprefix("error: ")
-        raise RemoteError(err or f"`campaign cancel {name}` exited with {p.returncode}")
-    return {"output": p.stdout.strip()}
+    """`commands.cancel_campaign` on this host (where the driver runs); answers its output."""
+    lines: list[str] = []
+    with _ledger(workdir, db_url) as ledger:
+        state = commands.cancel_campaign(ledger, name, wait_s, notify=lines.append)
+    return {"output": "\n".join([*lines, f"{name}: {state}"]), "state": state}
+
+
+@contextlib.contextmanager
+def _ledger(workdir: str, db_url: str | None) -> Iterator[Any]:
+    """The existing ledger on this host (as `_where` finds it), closed afterwards."""
+    from campaign.ledger import open_ledger
+
+    ledger = open_ledger(_where(workdir, db_url)[1], create=False)
+    try:
+        yield ledger
+    finally:
+        ledger.close()
 
 
 # --- the client -------------------------------------------------------------------------
@@ -460,106 +386,37 @@ class Endpoint:
             raise RemoteError(f"{fn.__name__} failed on endpoint {self.endpoint_id}: {type(e).__name__}: {e}") from e
 
 
-# --- the commands' remote halves (campaign.cli calls these when --endpoint is given) ----
+# --- the client halves (campaign.cli calls these when --endpoint is given) --------------
 
-def _echo(text: str, err: bool = False) -> None:
-    import click
-
-    click.echo(text, err=err)
-
-
-def submit_command(endpoint_id: str, file: Path, workdir: Path, db_url: str | None, new_version: bool) -> int:
-    """`campaign submit FILE --endpoint UUID`: the spec (validated here) goes with the call."""
+def submit(endpoint_id: str, file: Path, workdir: Path, db_url: str | None, new_version: bool) -> dict[str, Any]:
+    """`campaign submit FILE --endpoint UUID`: the spec (validated here) goes with the call;
+    `start_driver`'s answer."""
     with Endpoint(endpoint_id) as ep:
-        info = ep.call(start_driver, spec_text=file.read_text(), filename=file.name, workdir=str(workdir),
+        return ep.call(start_driver, spec_text=file.read_text(), filename=file.name, workdir=str(workdir),
                        db_url=db_url, new_version=new_version)
-    if info.get("exit_code") == 0:
-        _echo(f"{info['name']}: every stage had passed; nothing to run (ledger {info['ledger']})")
-        return 0
-    verb = "attached to the running driver of" if info["attached"] else "started a driver for"
-    _echo(f"{verb} {info['name']} on {info['host']} (pid {info['pid']})")
-    _echo(f"  ledger: {info['ledger']}\n  log:    {info['log']}")
-    if info.get("note"):
-        _echo(f"  note:   {info['note']}")
-    _echo(f"  watch:  campaign status {info['name']} --endpoint {endpoint_id} --workdir {workdir}")
-    return 0
 
 
-def status_command(endpoint_id: str, name: str | None, workdir: Path, db_url: str | None, as_json: bool,
-                   watch: bool, interval: float, count: int | None) -> None:
-    from campaign.views import campaign_detail, campaigns_table, console
+def status_data(ep: Endpoint, name: str | None, workdir: Path, db_url: str | None) -> Any:
+    """`commands.status_data` of the endpoint's ledger (the CLI renders it here)."""
+    return ep.call(read_status, name=name, workdir=str(workdir), db_url=db_url)["data"]
 
-    def fetch() -> Any:
-        return ep.call(read_status, name=name, workdir=str(workdir), db_url=db_url)["data"]
 
+def plot_data(endpoint_id: str, names: tuple[str, ...], workdir: Path, db_url: str | None, kind: str, stage: str | None,
+              max_points: int) -> dict[str, Any]:
+    """`commands.plot_data` of the endpoint's ledger (the figure is drawn here)."""
     with Endpoint(endpoint_id) as ep:
-        if watch:
-            from rich.text import Text
-
-            from campaign.watch import watch as watch_loop
-
-            render = (lambda d: Text(json.dumps(d, indent=2))) if as_json else (campaigns_table if name is None else campaign_detail)
-            watch_loop(fetch, render, console(), interval=interval, count=count)
-            return
-        data = fetch()
-    if as_json:
-        _echo(json.dumps(data, indent=2))
-    else:
-        console().print(campaigns_table(data) if name is None else campaign_detail(data))
-
-
-def plot_command(endpoint_id: str, names: tuple[str, ...], workdir: Path, db_url: str | None, kind: str, out_dir: Path,
-                 log_x: bool, reference_file: Path | None, stage: str | None, max_points: int) -> Path:
-    """`campaign plot ... --endpoint UUID`: the endpoint samples, this machine draws."""
-    from campaign import export, plots
-
-    with Endpoint(endpoint_id) as ep:
-        data = ep.call(read_plot_data, names=list(names), kind=kind, stage=stage, max_points=max_points,
+        return ep.call(read_plot_data, names=list(names), kind=kind, stage=stage, max_points=max_points,
                        workdir=str(workdir), db_url=db_url)
-    found = data["names"]
-    if kind == "scaling":
-        if not data["tables"]:
-            raise CampaignError(f"no scaling table in {', '.join(found)}: run a scaling stage first")
-        fig = plots.scaling_figure([tuple(t) for t in data["tables"]])
-    elif kind == "steps":
-        fig = plots.steps_figure(data["series"])
-    else:
-        ref = export.read_curves(reference_file) if reference_file else None
-        fig = plots.progress_figure(data["series"], reference=ref, log_x=log_x)
-    stem = "+".join(found) if len(found) <= 3 else f"{found[0]}+{len(found) - 1}-more"
-    return plots.save(fig, out_dir / f"{stem}-{kind}.png")
 
 
 def export_rows(ep: Endpoint, name: str, what: str, workdir: Path, db_url: str | None) -> Iterator[dict[str, Any]]:
-    """Every row of `ledger export --what WHAT`, a page (at most PAGE_ROWS rows) per call."""
-    cursor: list[int] | None = None
-    while True:
-        page = ep.call(read_export_page, name=name, what=what, cursor=cursor, workdir=str(workdir), db_url=db_url,
-                       max_rows=PAGE_ROWS)
-        yield from page["rows"]
-        cursor = page["cursor"]
-        if cursor is None:
-            return
+    """Every row of `ledger export --what WHAT` of the endpoint's ledger, a page (at most
+    PAGE_ROWS rows) per call."""
+    return commands.iter_pages(lambda cursor: ep.call(read_export_page, name=name, what=what, cursor=cursor,
+                                                      workdir=str(workdir), db_url=db_url, max_rows=PAGE_ROWS))
 
 
-def export_command(endpoint_id: str, name: str, workdir: Path, db_url: str | None, fmt: str, what: str,
-                   out_file: Path | None) -> int:
-    """`campaign ledger export ... --endpoint UUID`, written here (file or stdout) as pages arrive."""
-    from campaign import export
-    from campaign.ledger.queries import EXPORT_STEP_COLUMNS
-
-    columns = {"steps": EXPORT_STEP_COLUMNS, "attempts": export.ATTEMPT_COLUMNS, "nodes": export.NODE_COLUMNS}[what]
-    with Endpoint(endpoint_id) as ep:
-        out = out_file.open("w", newline="") if out_file else sys.stdout
-        try:
-            return export.write_rows(export_rows(ep, name, what, workdir, db_url), columns, fmt, out)
-        finally:
-            if out_file:
-                out.close()
-
-
-def cancel_command(endpoint_id: str, name: str, workdir: Path, db_url: str | None, wait_s: float) -> None:
-    """`campaign cancel NAME --endpoint UUID`: the same cancel, run where the driver runs."""
+def cancel(endpoint_id: str, name: str, workdir: Path, db_url: str | None, wait_s: float) -> str:
+    """`campaign cancel NAME --endpoint UUID`: the same cancel, run where the driver runs; its output."""
     with Endpoint(endpoint_id, timeout_s=max(CALL_TIMEOUT_S, wait_s + 120)) as ep:
-        out = ep.call(cancel_driver, name=name, workdir=str(workdir), db_url=db_url, wait_s=wait_s)
-    _echo(out["output"])
+        return str(ep.call(cancel_driver, name=name, workdir=str(workdir), db_url=db_url, wait_s=wait_s)["output"])

@@ -10,6 +10,10 @@ Writers, for a trainer (the built-in one, or your own script in three lines)::
         rep.step(step=step, tokens=tokens, loss=loss, step_time_s=dt)
     rep.close()                             # phase "done"
 
+Helpers, for your own script (stdlib only): `run_config()` (what this attempt must do),
+`startup_check(...)` from your own all-gather / all-reduce, `begin_checkpoint` /
+`complete_checkpoint` (meta.json, then `.complete`), `latest_complete_checkpoint()`.
+
 Readers, for the driver: `read_metrics` (`read_metrics_checked` also counts the rows it had
 to skip), `read_events` (`read_events_from` with a byte offset, for a poll loop),
 `read_heartbeats`, `read_startup`, `list_checkpoints`.
@@ -40,6 +44,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import sys
@@ -426,6 +431,18 @@ def check_metrics_row(row: Any) -> str | None:
     return None
 
 
+def _complete_lines(path: str | os.PathLike[str], offset: int) -> bytes:
+    """The bytes of `path` from `offset` up to and including its last newline (b"" when the
+    file does not exist): a partial last line, still being written, is left for the next read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return b""
+    return data[:data.rfind(b"\n") + 1]
+
+
 def read_metrics_checked(run_dir: str | os.PathLike[str], offset: int = 0, *, keep_problems: int = 5) -> MetricsRead:
     """Valid rows of metrics.jsonl from byte `offset` (see `check_metrics_row`), the new offset,
     the number of complete lines skipped (not JSON, or not a valid row), and the reasons for the
@@ -433,19 +450,13 @@ def read_metrics_checked(run_dir: str | os.PathLike[str], offset: int = 0, *, ke
 
     A partial last line (being written) is left for the next call: the offset stops before it.
     Blank lines are skipped without counting."""
-    path = Path(run_dir) / METRICS_FILE
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except FileNotFoundError:
-        return MetricsRead([], offset, 0, [])
-    end = data.rfind(b"\n") + 1
+    data = _complete_lines(Path(run_dir) / METRICS_FILE, offset)
+    end = len(data)
     rows: list[dict] = []
     bad = 0
     problems: list[str] = []
     at = offset
-    for line in data[:end].split(b"\n")[:-1]:
+    for line in data.split(b"\n")[:-1]:
         start, at = at, at + len(line) + 1
         if not line.strip():
             continue
@@ -462,6 +473,137 @@ def read_metrics_checked(run_dir: str | os.PathLike[str], offset: int = 0, *, ke
             text = line[:80].decode("utf-8", errors="replace")
             problems.append(f"byte {start}: {why}: {text}{'...' if len(line) > 80 else ''}")
     return MetricsRead(rows, offset + end, bad, problems)
+
+
+BAD_ROW_EXAMPLES = 5
+"""How many skipped metrics rows an attempt's summary quotes (with their reasons)."""
+
+
+def bad_rows_summary(got: MetricsRead, run_dir: str | os.PathLike[str],
+                     earlier: dict | None = None) -> dict | None:
+    """What the driver keeps of the rows a read skipped (an attempt's summary["bad_metric_rows"]):
+    {"count", "examples" ("byte N: reason: line"), "file"}, added to `earlier`; `earlier`
+    itself when the read skipped none."""
+    if not got.bad:
+        return earlier
+    earlier = earlier or {"count": 0, "examples": [], "file": str(Path(run_dir) / METRICS_FILE)}
+    return {**earlier, "count": earlier["count"] + got.bad,
+            "examples": (earlier["examples"] + got.problems)[:BAD_ROW_EXAMPLES]}
+
+
+# --- helpers for a trainer of your own (docs/trainer-contract.md, "Helpers") -----------------
+def run_config(path: str | os.PathLike[str] | None = None) -> dict[str, Any] | None:
+    """What this attempt must do: trainer.json's `run` section (max_steps, max_tokens,
+    checkpoint_dir, checkpoint_at, resume, deadline_unix, attempt) plus `checkpoint_every`.
+    None when not started by campaign (no CAMPAIGN_TRAINER_CONFIG): use your own defaults."""
+    path = path or os.environ.get("CAMPAIGN_TRAINER_CONFIG")
+    if not path:
+        return None
+    cfg = json.loads(Path(path).read_text())
+    return {**cfg["run"], "checkpoint_every": cfg.get("train", {}).get("checkpoint_every", 0)}
+
+
+def allreduce_input(rank: int) -> float:
+    """What each rank contributes to the start-up all-reduce (SUM): rank + 1."""
+    return float(rank + 1)
+
+
+def rank_identity(rank: int, local_rank: int, device: Any = "cpu") -> dict[str, Any]:
+    """This rank's entry of startup.json; all-gather it (e.g. `dist.all_gather_object`)."""
+    return {"rank": rank, "local_rank": local_rank, "node": node_name(), "host": socket.gethostname(),
+            "device": str(device)}
+
+
+def startup_check(ranks: list[dict[str, Any]], allreduce_got: float, *, rank: int,
+                  run_dir: str | os.PathLike[str] | None = None) -> bool:
+    """The start-up check from your own collectives: `ranks`, every rank's `rank_identity`
+    (all-gathered) and `allreduce_got`, the all-reduce (SUM) of `allreduce_input(rank)`. Rank 0
+    writes startup.json; every rank gets whether the sum is exact (W(W+1)/2)."""
+    w = len(ranks)
+    doc = {"world_size": w, "ranks": ranks,
+           "allreduce": {"got": float(allreduce_got), "expected": float(w * (w + 1) // 2)}}
+    if rank == 0:
+        write_json_atomic(Path(run_dir or os.environ.get("CAMPAIGN_RUN_DIR", ".")) / STARTUP_FILE, doc)
+    return doc["allreduce"]["got"] == doc["allreduce"]["expected"]
+
+
+def begin_checkpoint(checkpoint_dir: str | os.PathLike[str], step: int, *, rank: int) -> Path:
+    """The folder of the checkpoint of `step` (`step-NNNNNNNN/`), made ready by rank 0 (a stale
+    one of the same step stops looking complete). Barrier, then every rank saves its files there."""
+    path = Path(checkpoint_dir) / checkpoint_name(step)
+    if rank == 0:
+        (path / COMPLETE_MARKER).unlink(missing_ok=True)
+        (path / META_FILE).unlink(missing_ok=True)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def complete_checkpoint(path: str | os.PathLike[str], *, step: int, tokens: int, rank: int, **extra: Any) -> None:
+    """Call after a barrier that follows every rank's save: rank 0 writes meta.json (step,
+    tokens, time, every file's size, `extra`) and then `.complete`, the marker resumes trust."""
+    if rank != 0:
+        return
+    path = Path(path)
+    files = {f.name: f.stat().st_size for f in sorted(path.iterdir())
+             if f.is_file() and f.name not in (META_FILE, COMPLETE_MARKER)}
+    meta = {"step": step, "tokens": tokens, "time": time.time(), **extra, "files": files}
+    write_durable(path / META_FILE, json.dumps(meta).encode())
+    write_durable(path / COMPLETE_MARKER, b"")  # after meta.json is on disk: the marker is trusted
+
+
+def write_durable(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write through a temporary file, fsync it, rename, fsync the folder: after a crash the
+    file is either absent or whole (what a checkpoint's `.complete` must be able to promise)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def latest_complete_checkpoint(checkpoint_dir: str | os.PathLike[str] | None = None) -> Path | None:
+    """The newest complete `step-NNNNNNNN/` folder in `checkpoint_dir` (default: this attempt's,
+    CAMPAIGN_CHECKPOINT_DIR), or None."""
+    root = checkpoint_dir or os.environ.get("CAMPAIGN_CHECKPOINT_DIR")
+    done = [c for c in list_checkpoints(root) if c["complete"]] if root else []
+    return Path(done[-1]["path"]) if done else None
+
+
+def read_progress_lines(log: str | os.PathLike[str], pattern: re.Pattern[str], offset: int = 0) -> tuple[list[dict], int]:
+    """Step rows from a trainer's own output (`trainer.progress: stdout`): every complete line
+    of `log` from byte `offset` that `pattern` matches, as {step, loss[, tokens][, step_time_s]};
+    returns (rows, new_offset). A partial last line is left for the next call, as `read_metrics`
+    does; a match whose numbers do not parse is skipped."""
+    data = _complete_lines(log, offset)
+    rows = []
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        m = pattern.search(line)
+        if m is None:
+            continue
+        got = {k: v for k, v in m.groupdict().items() if v is not None}
+        try:
+            row: dict[str, Any] = {"step": int(got["step"]), "loss": float(got["loss"])}
+            if "tokens" in got:
+                row["tokens"] = int(float(got["tokens"]))
+            if "step_time" in got:
+                row["step_time_s"] = float(got["step_time"])
+        except (KeyError, ValueError):
+            continue
+        rows.append(row)
+    return rows, offset + len(data)
+
+
+def append_metrics(run_dir: str | os.PathLike[str], rows: list[dict[str, Any]]) -> None:
+    """Append step rows to metrics.jsonl (the stdout adapter writes the rows a trainer did not)."""
+    with open(Path(run_dir) / METRICS_FILE, "a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def read_metrics(run_dir: str | os.PathLike[str], offset: int = 0) -> tuple[list[dict], int]:
@@ -496,21 +638,14 @@ def read_events_from(run_dir: str | os.PathLike[str], offset: int = 0) -> tuple[
 
     For a poll loop: reads only what was appended since the last call (`read_events` reads
     the whole file every time). A partial last line is left for the next call."""
-    path = Path(run_dir) / EVENTS_FILE
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except FileNotFoundError:
-        return [], offset
-    end = data.rfind(b"\n") + 1
+    data = _complete_lines(Path(run_dir) / EVENTS_FILE, offset)
     out = []
-    for line in data[:end].splitlines():
+    for line in data.splitlines():
         try:
             out.append(json.loads(line))
         except ValueError:
             continue
-    return out, offset + end
+    return out, offset + len(data)
 
 
 def read_heartbeats(run_dir: str | os.PathLike[str]) -> dict[str, dict]:

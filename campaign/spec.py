@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from campaign import executors as site_kinds
 from campaign import stages as stage_kinds
-from campaign import yamlfile
+from campaign import names, yamlfile
 from campaign.errors import SpecError
 from campaign.executors.aurora import AuroraSite
 from campaign.executors.local import LocalSite
@@ -45,7 +45,7 @@ Stage = Annotated[
 class CampaignSpec(StrictModel):
     """One campaign: what to train, where, and the stages that must pass, in order."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    name: str = Field(pattern=names.PATTERN)
     """Campaign name (letters, digits, `.`, `_`, `-`); its identity in the ledger."""
     description: str = ""
     """One line on what this campaign is for."""
@@ -119,6 +119,15 @@ def loads(text: str, name: str) -> CampaignSpec:
     return parse(data, name, lines)
 
 
+def reread_digest(source: str, name: str) -> str | None:
+    """The digest this release gives a campaign file the ledger stored (an older release may
+    have stored it); None if it no longer validates."""
+    try:
+        return loads(source, name).digest()
+    except Exception:  # noqa: BLE001 - a file an older release accepted: not the same spec
+        return None
+
+
 def parse(data: Any, source: str = "<spec>", lines: yamlfile.Lines | None = None) -> CampaignSpec:
     """Validate already-parsed data (e.g. from a remote call) into a CampaignSpec."""
     try:
@@ -156,9 +165,8 @@ def _explain(err: Any, loc: tuple[Any, ...]) -> tuple[tuple[Any, ...], str]:
     if kind in _BOUNDS:
         op, key = _BOUNDS[kind]
         return loc, f"must be {op} {ctx.get(key)}, got {_show(value)}"
-    if kind == "string_pattern_mismatch" and "{0,63}" in str(ctx.get("pattern")):
-        return loc, (f"{_show(value)} is not a valid name: use letters, digits, '.', '_' and '-', "
-                     "starting with a letter or digit, at most 64 characters")
+    if kind == "string_pattern_mismatch" and names.PATTERN in str(ctx.get("pattern")) and isinstance(value, str):
+        return loc, f"{_show(value)} {names.problem(value)}"
     if kind == "literal_error":
         return loc, f"must be one of {ctx.get('expected')}; got {_show(value)}"
     if kind == "too_short":
@@ -227,7 +235,7 @@ def _show(value: Any) -> str:
     return repr(value)
 
 
-_OWN_FIELD = re.compile(r"^(?P<field>stages\[\d+\](?:\.\w+)*|[a-z_]+(?:\.\w+)+)(?:: | is (?=required))")
+_OWN_FIELD = re.compile(r"^(?P<field>stages\[\d+\](?:\.\w+)*|[a-z_]+(?:\.\w+)+(?:\[\d+\])?)(?:: | is (?=required))")
 _BOUNDS = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"),
            "less_than_equal": ("<=", "le"), "less_than": ("<", "lt")}
 _TYPES = {

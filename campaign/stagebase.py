@@ -1,7 +1,8 @@
 """What every stage kind shares: its spec base class and its verdict.
 
 A stage module in `stages/` defines one pydantic spec class (a subclass of `StageSpec`
-with a literal `kind`), a pure `judge(...) -> Verdict`, and `run(ctx, stage) -> Verdict`,
+with a literal `kind`), `first_targets(stage, spec, nodes) -> Targets` (what its first
+attempt must do; the dry run calls it too), a pure `judge(...) -> Verdict`, and `run(ctx, stage) -> Verdict`,
 which asks the `StageContext` (campaign.attempt) for attempts and judges their results. Stage
 modules import only pydantic and the standard library at import time, so validating a
 spec never imports torch or parsl.
@@ -14,6 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from campaign import names
+
 
 class StrictModel(BaseModel):
     """Base of every spec model: unknown keys are errors; docstrings document fields."""
@@ -24,7 +27,7 @@ class StrictModel(BaseModel):
 class StageSpec(StrictModel):
     """Fields every stage has."""
 
-    name: str = Field(default="", pattern=r"^$|^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    name: str = Field(default="", pattern=f"^$|{names.PATTERN}")
     """Stage name, unique in the campaign (default: the kind)."""
     nodes: int | None = Field(default=None, ge=1)
     """Active nodes for this stage (default: all nodes of the site)."""
@@ -36,6 +39,63 @@ class StageSpec(StrictModel):
     @property
     def label(self) -> str:
         return self.name or str(getattr(self, "kind"))
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What one attempt must do, as its stage asks (the trainer's `run` section, its
+    environment and its argument placeholders are made from these: `attempt.trainer_config`)."""
+
+    steps: int
+    """Stop after this step."""
+    resume: bool = False
+    """Continue from the newest complete checkpoint, if any."""
+    checkpoints: str = "checkpoints"
+    """The checkpoint folder, under the stage's directory."""
+    max_tokens: int | None = None
+    """Stop once this many tokens were trained (cumulative, all ranks)."""
+    checkpoint_at: tuple[int, ...] = ()
+    """Extra steps at which to save a checkpoint."""
+    train: dict[str, Any] = field(default_factory=dict)
+    """Overrides of the spec's trainer section for this attempt (e.g. checkpoint_every)."""
+    checkpoint_final: bool = True
+    """Save after the last step; false when nothing resumes from this attempt's end."""
+    exact: bool = False
+    """The stage compares losses bit for bit: `deterministic: auto` means true."""
+
+
+def steps_for_tokens(spec: Any, tokens: int, nodes: int | None) -> int:
+    """Steps that train at least `tokens` tokens at `nodes` nodes (the spec's model and batch)."""
+    from campaign.train.shapes import shape_for
+
+    t = spec.trainer
+    ranks = (nodes or spec.site.nodes) * spec.site.ranks_per_node
+    per_step = shape_for(spec.model).seq_len * t.micro_batch_size * t.grad_accum * ranks
+    return -(-tokens // per_step)
+
+
+def where(result: dict[str, Any], file: str) -> str:
+    """Where to look when `file` of an attempt's run directory lacks what a verdict needed:
+    ' (RUN_DIR/metrics.jsonl is missing; rank 0's log: RUN_DIR/logs/rank-0.log)'. Empty for a
+    result without a run directory (hand-made results in tests)."""
+    run_dir = result.get("run_dir")
+    if not run_dir:
+        return ""
+    state = "has none" if (result.get("files") or {}).get(file) else "is missing"
+    return f" ({run_dir}/{file} {state}; rank 0's log: {result.get('log')})"
+
+
+def after_retry(verdict: Verdict, first: Any) -> Verdict:
+    """`verdict`, saying that it was reached on the confirming retry after `first` (an
+    `AttemptOutcome` that ended in a class the evidence could not pin on a node), with that
+    attempt's last error line and log; `verdict` unchanged when no retry was made."""
+    if first is None:
+        return verdict
+    finding = first.report.get("finding") or {}
+    line = finding.get("last_error_line")
+    note = (f" (on a confirming retry: attempt {first.number} ended {first.exit_class}, exit {first.exit_code}"
+            f"{': ' + repr(line) if line else ''}; log: {finding.get('log_path') or first.rank0_log})")
+    return Verdict(verdict.passed, verdict.reason + note, {**verdict.numbers, "confirming_retry_after": first.number})
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from campaign import evidence, exits, report, watchdog
-from campaign.attempt import AttemptRequest
+from campaign.attempt import AttemptRequest, Interrupt
 
 POLL_S = 0.25
 """How often the supervisor looks at the launch; cheap (a few small reads)."""
@@ -143,7 +143,10 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
         hosts = hosts[request.rotate % n:] + hosts[:request.rotate % n]
     _prepare(request, run_dir, hosts)
     launch, command, text = _start(request, hosts)
-    watched = _watch(launch, request, hosts, start)
+    adapter = ProgressAdapter.for_request(request)
+    watched = _watch(launch, request, hosts, start, adapter)
+    if adapter is not None:  # what rank 0 printed just before it exited
+        adapter.poll(time.time())
     failure = launch.first_failure()
     if failure is not None and failure[0] == -1:  # one launcher process: its log names the rank
         failure = launcher_failure(run_dir / "logs" / "launcher.log", failure)
@@ -267,7 +270,53 @@ class _WatchOutcome:
     detected_after_s: float | None = None
 
 
-def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: float) -> _WatchOutcome:
+@dataclass
+class ProgressAdapter:
+    """`trainer.progress: stdout`: reads rank 0's output (its log, or the launcher's) from a
+    byte offset with `trainer.step_pattern` and appends the rows to metrics.jsonl, so the
+    watchdog, the driver's ingestion and the stages read an unmodified trainer's steps as
+    they read metrics.jsonl. Without a `tokens` group tokens read 0; without `step_time`, the
+    step time is the time between two matched lines over the steps between them."""
+
+    log: Path
+    run_dir: Path
+    pattern: re.Pattern[str]
+    offset: int = 0
+    last: tuple[int, float] | None = None
+
+    @classmethod
+    def for_request(cls, request: AttemptRequest) -> ProgressAdapter | None:
+        if request.progress_pattern is None:
+            return None
+        run_dir = Path(request.run_dir)
+        log = "rank-0.log" if request.launcher == "local" else "launcher.log"
+        return cls(run_dir / "logs" / log, run_dir, re.compile(request.progress_pattern))
+
+    def poll(self, now: float) -> None:
+        rows, self.offset = report.read_progress_lines(self.log, self.pattern, self.offset)
+        if not rows:
+            return
+        # Lines read in one poll share its time: spread the time since the last poll over their steps.
+        per_step = None
+        if self.last is not None and rows[-1]["step"] > self.last[0]:
+            per_step = round((now - self.last[1]) / (rows[-1]["step"] - self.last[0]), 6)
+        for row in rows:
+            row.setdefault("tokens", 0)
+            if "step_time_s" not in row and per_step is not None:
+                row["step_time_s"] = per_step
+            row["time"] = now
+        self.last = (rows[-1]["step"], now)
+        report.append_metrics(self.run_dir, rows)
+
+
+def _checkpoint_ready(interrupt: Interrupt) -> bool:
+    path = interrupt.after_checkpoint
+    return path is None or (Path(path) / report.COMPLETE_MARKER).exists()
+
+
+
+def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: float,
+           adapter: ProgressAdapter | None = None) -> _WatchOutcome:
     """Wait for the launch; stop it on a stall, a failed rank, the hard timeout, STOP or an interrupt."""
     run_dir = Path(request.run_dir)
     policy = request.watchdog
@@ -281,11 +330,13 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
         if launch.done:
             return _WatchOutcome(killed_by="interrupt" if interrupt and watch.last_step >= interrupt.after_step
                             else None)
+        if adapter is not None:
+            adapter.poll(now)
         _observe(run_dir, watch, offsets, now)
         if (run_dir / STOP_FILE).exists():
             launch.stop(time.time)
             return _WatchOutcome(killed_by="stop")
-        if interrupt and watch.last_step >= interrupt.after_step:
+        if interrupt and watch.last_step >= interrupt.after_step and _checkpoint_ready(interrupt):
             launch.signal(getattr(signal, interrupt.signal))
             _wait(launch, timeout=30.0)
             return _WatchOutcome(killed_by="interrupt")
@@ -294,6 +345,13 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
             launch.stop(time.time)
             return _WatchOutcome(killed_by=None)  # the failed rank's exit is the evidence, not the stop
         decision = watchdog.decide(watch, policy, now)
+        early = watchdog.early_budget(watch, policy)
+        if not decision.stalled and early is not None and now - watch.last_progress > early and failure is None:
+            # Silent for longer than the confirmed budget: do the heartbeats show who hangs?
+            beats = report.read_heartbeats(run_dir)
+            found = watchdog.culprits(beats, hosts, now, policy) if beats else []
+            if watchdog.stall_pattern(found, watch, policy):
+                decision = watchdog.decide(watch, policy, now, confirmed=True)
         if decision.stalled and decision.phase == "exiting":
             # Every rank finished but the launch does not exit (e.g. srun waiting on a lost
             # socket): the training outcome is known; stop the launcher, do not call it a stall.
@@ -302,7 +360,9 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
                             stall=f"the launch did not exit {decision.idle_s:.0f} s after the trainer finished; stopped it")
         if failure is None and (decision.stalled or now - start > timeout):
             reason = decision.reason if decision.stalled else f"hard timeout of {timeout:g} s"
-            suspects = watchdog.culprits(report.read_heartbeats(run_dir), hosts, now, policy)
+            beats = report.read_heartbeats(run_dir)
+            # A trainer read through its output (progress: stdout) writes no heartbeats: their absence is no evidence.
+            suspects = watchdog.culprits(beats, hosts, now, policy) if beats or adapter is None else []
             detected = now - watch.last_progress
             launch.stop(time.time)
             return _WatchOutcome(killed_by="stalled", stall=reason, suspects=suspects, detected_after_s=round(detected, 2))

@@ -49,6 +49,21 @@ def campaign_table(summary: dict[str, Any]) -> Table:
     return t
 
 
+def exclusions_list(rows: list[dict[str, Any]]) -> Table:
+    """`campaign nodes list`: excluded nodes with reason, since, expiry and lifted."""
+    t = Table(title="excluded nodes", title_justify="left")
+    for col in ("site", "node", "reason", "since", "expires", "lifted"):
+        t.add_column(col)
+    for e in rows:
+        t.add_row(e["site"], escape(e["node"]), escape(e["reason"]), _minute(e["since"]), _minute(e["expires"]) or "never",
+                  _minute(e["lifted"]))
+    return t
+
+
+def _minute(t: Any) -> str:
+    return t.strftime("%Y-%m-%d %H:%M") if t is not None else ""
+
+
 def campaigns_table(rows: list[dict[str, Any]]) -> Table:
     """The list of campaigns in a ledger."""
     t = Table(title="campaigns", title_justify="left")
@@ -98,9 +113,9 @@ def console(file: Any = None) -> Any:
 # --- one campaign in detail (`campaign status NAME`) -----------------------------------
 
 SCALING_COLUMNS = ["nodes", "ranks", "step_time_s", "tokens_per_s", "comm_time_s", "comm_share", "mem_peak_gib",
-                   "last_loss", "efficiency"]
+                   "loss", "efficiency"]
 SCALING_HEADERS = {"step_time_s": "step s", "tokens_per_s": "tok/s", "comm_time_s": "comm s", "comm_share": "comm %",
-                   "mem_peak_gib": "mem GiB", "last_loss": "loss", "efficiency": "eff"}
+                   "mem_peak_gib": "mem GiB", "loss": "loss", "efficiency": "eff"}
 MAX_ATTEMPTS_SHOWN = 20
 """The detail view lists the newest attempts; `status --json` has them all."""
 NUMBERS_HIDDEN = {"table", "traceback"}
@@ -173,6 +188,17 @@ def attempts_table(attempts: list[dict[str, Any]]) -> Table:
     return t
 
 
+def run_dirs_table(attempts: list[dict[str, Any]]) -> Table:
+    """Where each attempt's files are: its logs (logs/rank-R.log), metrics.jsonl, trainer.json."""
+    t = Table(title="run directories (logs/, metrics.jsonl, trainer.json)", title_justify="left", expand=True)
+    t.add_column("stage", no_wrap=True)
+    t.add_column("#", justify="right", no_wrap=True)
+    t.add_column("run directory", overflow="fold", ratio=1)
+    for a in attempts:
+        t.add_row(escape(a["stage"]), str(a["number"]), escape(a.get("run_dir") or "-"))
+    return t
+
+
 def exclusions_table(exclusions: list[dict[str, Any]]) -> Table:
     t = Table(title="excluded nodes", title_justify="left", expand=True)
     for col in ("node", "since", "expires"):
@@ -202,9 +228,13 @@ def campaign_detail(detail: dict[str, Any]) -> Any:
 
     parts: list[Any] = [Text(f"site {detail.get('site', '-')}, version {detail.get('version', 1)}, "
                              f"updated {(detail.get('updated') or '-')[:16]}")]
+    parts += [Text(f"warning: {w}", style="yellow") for w in detail.get("warnings") or []]
     stages = campaign_table(detail)
     stages.caption = None
     parts.append(stages)
+    from campaign.goodput_views import goodput_table  # one line per stage: where the time went
+
+    parts += [g for g in (goodput_table(detail),) if g is not None]
     numbers = numbers_table(detail)
     if numbers is not None:
         parts.append(numbers)
@@ -214,6 +244,7 @@ def campaign_detail(detail: dict[str, Any]) -> Any:
         if len(attempts) > MAX_ATTEMPTS_SHOWN:
             t.caption = f"the last {MAX_ATTEMPTS_SHOWN} of {len(attempts)} attempts (--json lists every one)"
         parts.append(t)
+        parts.append(run_dirs_table(attempts[-MAX_ATTEMPTS_SHOWN:]))
     if detail.get("exclusions"):
         parts.append(exclusions_table(detail["exclusions"]))
     for sc in detail.get("scaling", []):

@@ -5,7 +5,9 @@ for longer than the budget of the phase it is in:
 
     startup      launch until the first step (imports, rendezvous, checkpoint load)
     warmup       the first `warmup_steps` steps: max(steady budget, warmup_s)
-    steady       step_factor x p99 step time + floor_s
+    steady       step_factor x p99 step time + floor_s, or + confirmed_floor_s once the
+                 heartbeats show the stall pattern (one rank still computing step S for
+                 step_factor x p99 while its peers wait in step S's collective)
     exiting      every rank said "done" (or the deadline passed): exit_s to leave
     checkpoint   checkpoint_factor x the slowest save measured so far (or checkpoint_s)
 
@@ -41,6 +43,11 @@ class WatchdogPolicy(StrictModel):
     floor_s: float = Field(default=9.0, gt=0)
     """...plus this floor (absorbs logging intervals and noise; with the supervisor's poll it
     keeps detection within 3 step times + 10 s)."""
+    confirmed_floor_s: float = Field(default=2.0, gt=0)
+    """The floor when the heartbeats already show the stall pattern (a rank still computing
+    step S, for step_factor x p99 step times, while its peers wait in that step's
+    collective): the wider floor waits for evidence that is then already there. Two
+    heartbeat intervals by default. Set it to floor_s to wait the full budget regardless."""
     checkpoint_s: float = Field(default=300.0, gt=0)
     """Budget of a checkpoint save before one has been measured."""
     checkpoint_factor: float = Field(default=3.0, gt=0)
@@ -68,10 +75,13 @@ class Decision:
     phase: str
     idle_s: float
     budget_s: float
+    confirmed: bool = False
+    """The heartbeats showed the stall pattern, so the budget had the confirmed floor."""
 
     @property
     def reason(self) -> str:
-        return f"no new step for {self.idle_s:.1f} s in phase {self.phase} (budget {self.budget_s:.1f} s)"
+        how = ", the heartbeats show who hangs" if self.confirmed else ""
+        return f"no new step for {self.idle_s:.1f} s in phase {self.phase} (budget {self.budget_s:.1f} s{how})"
 
 
 @dataclass
@@ -127,8 +137,17 @@ def p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
-def decide(w: Watch, policy: WatchdogPolicy, now: float) -> Decision:
-    """Is the attempt stalled now? Pure: depends only on its arguments."""
+def steady_p99(w: Watch, policy: WatchdogPolicy) -> float:
+    """p99 of the last 200 step times after warm-up: the current regime (the first steps of
+    an attempt, with allocator and collective warm-up, would inflate it)."""
+    steady = w.step_times[policy.warmup_steps:] or w.step_times
+    return p99(steady[-200:])
+
+
+def decide(w: Watch, policy: WatchdogPolicy, now: float, confirmed: bool = False) -> Decision:
+    """Is the attempt stalled now? Pure: depends only on its arguments. `confirmed`: the
+    heartbeats show the stall pattern (`stall_pattern`), so the steady floor is
+    `confirmed_floor_s`."""
     idle = now - w.last_progress
     if w.exiting_since is not None:
         return Decision(now - w.exiting_since > policy.exit_s, "exiting", now - w.exiting_since, policy.exit_s)
@@ -140,13 +159,30 @@ def decide(w: Watch, policy: WatchdogPolicy, now: float) -> Decision:
         return Decision(now - since > budget, "checkpoint", now - since, budget)
     if w.last_step == 0:
         return Decision(idle > policy.startup_s, "startup", idle, policy.startup_s)
-    # The last 200 step times after warm-up describe the current regime (the first steps of
-    # an attempt, with allocator and collective warm-up, would inflate the p99).
-    steady = w.step_times[policy.warmup_steps:] or w.step_times
-    budget = policy.step_factor * p99(steady[-200:]) + policy.floor_s
+    floor = min(policy.confirmed_floor_s, policy.floor_s) if confirmed else policy.floor_s
+    budget = policy.step_factor * steady_p99(w, policy) + floor
     if w.steps_seen <= policy.warmup_steps:
         return Decision(idle > max(budget, policy.warmup_s), "warmup", idle, max(budget, policy.warmup_s))
-    return Decision(idle > budget, "steady", idle, budget)
+    return Decision(idle > budget, "steady", idle, budget, confirmed and floor < policy.floor_s)
+
+
+def early_budget(w: Watch, policy: WatchdogPolicy) -> float | None:
+    """The steady budget with the confirmed floor: how long without a step before the
+    heartbeats are worth reading for the stall pattern; None outside the steady phase."""
+    if w.exiting_since is not None or w.in_checkpoint_since is not None or w.last_step == 0:
+        return None
+    if w.steps_seen <= policy.warmup_steps or policy.confirmed_floor_s >= policy.floor_s:
+        return None
+    return policy.step_factor * steady_p99(w, policy) + policy.confirmed_floor_s
+
+
+def stall_pattern(suspects: list[dict[str, Any]], w: Watch, policy: WatchdogPolicy) -> bool:
+    """Whether `culprits()` found a rank computing the step its peers wait in, for at least
+    step_factor x p99 step times: a stall shown by the heartbeats, not just inferred from
+    silence."""
+    least = policy.step_factor * steady_p99(w, policy)
+    return any(s["evidence"].get("phase") == "compute" and s["evidence"].get("stuck_s", 0) >= least
+               for s in suspects)
 
 
 def culprits(beats: dict[str, dict[str, Any]], hosts: list[str], now: float,

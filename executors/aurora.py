@@ -9,6 +9,10 @@ Fields a user changes (in the campaign file, under `site:`):
     walltime       of one block, HH:MM:SS
     nodes, spares  active nodes a stage may use, and extra nodes that replace excluded ones
     worker_init    activates your environment, e.g. `module load frameworks; source ~/venv/bin/activate`
+    collective_env ALCF's mandatory oneCCL variables on every rank (default true; `env` overrides one)
+    tmpdir         TMPDIR of the job's Parsl worker (default /tmp: AF_UNIX paths stay short)
+    address_interface  interface of the driver's host that workers connect to (default: Parsl
+                   offers every address it finds; ALCF's Aurora Parsl page sets none)
 
 A block is `qsub -l select=N:ncpus=208 -l filesystems=home:flare -l place=scatter`, as
 ALCF recommends (https://docs.alcf.anl.gov/aurora/running-jobs-aurora/, and Parsl on
@@ -27,6 +31,7 @@ MPICH `mpiexec -launcher fork` starts every rank locally under the node names of
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
@@ -49,6 +54,31 @@ GPU_BIND = "list:0.0:0.1:1.0:1.1:2.0:2.1:3.0:3.1:4.0:4.1:5.0:5.1"
 # (campaign/train/placement.py). Intel: https://www.intel.com/content/www/us/en/developer/articles/technical/flattening-gpu-tile-hierarchy.html
 TILES_PER_NODE = 12
 """Devices a node shows under FLAT."""
+# ALCF's oneCCL page, "OneCCL mandatory environment variables"
+# (https://docs.alcf.anl.gov/aurora/data-science/frameworks/oneCCL/, also included in
+# .../frameworks/pytorch/ "Environmental Variables": "should be set ... in the case of
+# attempting to run beyond 16 nodes"; "will probably be included in the framework module
+# file in the future. But for now, users need to explicitly set these"). Left out: the
+# LD_LIBRARY_PATH/CPATH/LIBRARY_PATH lines ($CCL_ROOT comes from `module load frameworks`)
+# and the page's optional list (FI_MR_CACHE_MONITOR=disabled, FI_CXI_* sizes, PALS timeouts):
+# add them in `env` if you need them (docs/sites.md).
+# https://docs.alcf.anl.gov/aurora/data-management/lustre/flare/ : Flare, mounted at
+# /lus/flare/projects/: "You should launch jobs only from this flare space"; home (Gecko):
+# "You should not launch jobs from this Home/Gecko space".
+PROJECTS = "/lus/flare/projects"
+COLLECTIVE_ENV: tuple[tuple[str, str], ...] = (
+    ("CCL_PROCESS_LAUNCHER", "pmix"),
+    ("CCL_ATL_TRANSPORT", "mpi"),
+    ("CCL_ALLREDUCE", "topo"),
+    ("CCL_ALLREDUCE_SCALEOUT", "rabenseifner"),
+    ("CCL_BCAST", "double_tree"),
+    ("CCL_KVS_MODE", "mpi"),
+    ("CCL_CONFIGURATION_PATH", ""),
+    ("CCL_CONFIGURATION", "cpu_gpu_dpcpp"),
+    ("CCL_KVS_CONNECTION_TIMEOUT", "600"),
+    ("CCL_ZE_CACHE_OPEN_IPC_HANDLES_THRESHOLD", "1024"),
+    ("CCL_KVS_USE_MPI_RANKS", "1"),
+)
 GPUS_PER_NODE = 6
 """Devices a node shows under COMPOSITE (two tiles each)."""
 
@@ -59,6 +89,7 @@ class AuroraSite(pbs.PBSSite):
     CPUS_PER_NODE: ClassVar[int] = 208
     """Logical CPUs of an Aurora node (2 x 52 cores x 2 hyperthreads): PBS `ncpus`."""
     DRY_RUN_JOB_ID: ClassVar[str] = "DRYRUN.aurora-pbs-0001.hostmgmt.cm.aurora.alcf.anl.gov"
+    COLLECTIVE_ENV: ClassVar[tuple[tuple[str, str], ...]] = COLLECTIVE_ENV
 
     kind: Literal["aurora"] = "aurora"
     """Site kind."""
@@ -93,6 +124,21 @@ class AuroraSite(pbs.PBSSite):
                              f"(device_hierarchy {self.device_hierarchy}): {bad['error']}")
         return self
 
+    def workdir_warnings(self, workdir: Path, *, remote: bool) -> list[str]:
+        """Runs belong on Flare (/lus/flare/projects/ACCOUNT), not in home (Gecko)."""
+        if remote and workdir.is_absolute() and _under(workdir, Path(PROJECTS)):
+            return []
+        if not remote and not _under(workdir.resolve(), Path.home()):
+            return []
+        where = ("it is under your home directory (Gecko)" if not remote else
+                 "on the endpoint it resolves under $HOME (Gecko)" if not workdir.is_absolute() else f"not under {PROJECTS}")
+        return [f"--workdir {workdir}: {where}; ALCF says to launch jobs only from Flare: "
+                f"--workdir {PROJECTS}/{self.account}/campaigns (docs.alcf.anl.gov/aurora/data-management/lustre/flare/)"]
+
+    def remote_workdir(self) -> Path | None:
+        """Flare, the project's directory: ALCF says to launch jobs from there, not from home."""
+        return Path(PROJECTS) / self.account / "campaigns"
+
     def devices(self) -> tuple[str, int | None]:
         return "xpu", TILES_PER_NODE if self.device_hierarchy == "FLAT" else GPUS_PER_NODE
 
@@ -100,5 +146,9 @@ class AuroraSite(pbs.PBSSite):
         """CPU and GPU binding, and extra environment."""
         if self.launcher == "mpich":  # every rank runs here: no binding, loopback rendezvous
             return LaunchOptions(env={"MASTER_ADDR": "127.0.0.1", **self.env})
-        env = {"ZE_FLAT_DEVICE_HIERARCHY": self.device_hierarchy, **self.env}
+        env = self.rank_env({"ZE_FLAT_DEVICE_HIERARCHY": self.device_hierarchy})
         return LaunchOptions(env=env, cpu_bind=self.cpu_bind, gpu_bind=self.gpu_bind)
+
+
+def _under(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents

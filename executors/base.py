@@ -92,6 +92,20 @@ class Site(StrictModel):
         for the dry run's placement table; ("cpu", None) unless the site has accelerators."""
         return "cpu", None
 
+    def preflight(self) -> None:
+        """Check, on the driver's host and before the ledger is touched, what only this host
+        can tell (e.g. that a named network interface exists); SiteError when it cannot work."""
+
+    def workdir_warnings(self, workdir: Path, *, remote: bool) -> list[str]:
+        """What the facility says against running from `workdir` (`remote`: the path is
+        resolved on an endpoint's host, a relative one under its $HOME); none by default."""
+        return []
+
+    def remote_workdir(self) -> Path | None:
+        """The work directory `submit --endpoint` uses on the endpoint's host when no
+        --workdir is given (None: the CLI's default, `campaigns` under the endpoint's $HOME)."""
+        return None
+
     def block_walltime_s(self) -> float | None:
         """How long a block (or, see `deadline_from`, an attempt) may run; None: no limit."""
         return None

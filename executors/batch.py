@@ -15,6 +15,7 @@ Not a site itself (it is not in `KINDS`). Parsl is imported inside functions onl
 from __future__ import annotations
 
 import re
+import shlex
 import string
 from abc import abstractmethod
 import sys
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 
+from campaign.errors import SiteError
 from campaign.executors.base import LABEL, Site, interchange_command
 
 if TYPE_CHECKING:
@@ -65,6 +67,11 @@ class BatchSite(Site):
     names do not resolve)."""
     address: str | None = None
     """Address of this (login) node that workers connect to (default: every address Parsl finds)."""
+    address_interface: str | None = None
+    """Network interface whose address workers connect to (Parsl's `address_by_interface`),
+    when `address` is not set; e.g. `bond0` on Polaris login nodes."""
+    tmpdir: str | None = None
+    """TMPDIR exported in the job before the Parsl worker starts (null: the scheduler's own)."""
     expected_tokens_per_s: float | None = Field(default=None, gt=0)
     """Throughput you expect at the site's node count; with a long run's token target it
     tells whether the block's walltime is enough (a warning before submitting)."""
@@ -109,6 +116,10 @@ class BatchSite(Site):
         """(batch script, submit command) of the first block; nothing is submitted or written."""
         return dry_run_block(self.provider, type(self.provider()), self, script_dir, self.dry_run_job_output)
 
+    def preflight(self) -> None:
+        """The workers' address can be found on this host (`address_interface`)."""
+        worker_address(self)
+
     def queue_warnings(self) -> list[str]:
         """What the site's queue limits cannot vouch for (PBS sites check their queue table)."""
         return []
@@ -121,17 +132,38 @@ class BatchSite(Site):
 
 def full_worker_init(site: BatchSite) -> str:
     """This interpreter's bin dir on PATH (so `process_worker_pool.py` is found in a job
-    that does not inherit the environment), then the user's `worker_init`, which wins."""
-    lines = [f"export PATH={Path(sys.executable).parent}:$PATH", site.worker_init.strip()]
+    that does not inherit the environment), the site's TMPDIR, then the user's
+    `worker_init`, which wins."""
+    lines = [f"export PATH={Path(sys.executable).parent}:$PATH",
+             f"export TMPDIR={shlex.quote(site.tmpdir)}" if site.tmpdir else "", site.worker_init.strip()]
     return "\n".join(x for x in lines if x)
 
 
-def executor(site: BatchSite, provider: ExecutionProvider) -> HighThroughputExecutor:
+def worker_address(site: BatchSite, *, resolve: bool = True) -> str | None:
+    """The address workers connect to: `site.address`, else the address of
+    `site.address_interface` on this host (`<address of IF>` when not `resolve`, for the
+    dry run), else None (Parsl offers every address it finds)."""
+    if site.address or not site.address_interface:
+        return site.address
+    if not resolve:
+        return f"<address of {site.address_interface}>"
+    from parsl.addresses import address_by_interface
+
+    try:
+        return str(address_by_interface(site.address_interface))
+    except OSError as e:
+        raise SiteError(f"site.address_interface: no address for interface {site.address_interface!r} on this "
+                        f"host ({e.strerror or e}); set site.address, or address_interface to one of this "
+                        f"host's interfaces (`ip -brief addr`)") from e
+
+
+def executor(site: BatchSite, provider: ExecutionProvider, *, resolve: bool = True) -> HighThroughputExecutor:
     """The one-worker HighThroughputExecutor every batch site uses."""
     from parsl.executors import HighThroughputExecutor
 
     bindir = Path(sys.executable).parent
-    kwargs: dict[str, Any] = {"address": site.address} if site.address else {}
+    address = worker_address(site, resolve=resolve)
+    kwargs: dict[str, Any] = {"address": address} if address else {}
     return HighThroughputExecutor(
         label=LABEL,
         # the interchange runs here (login node), with this interpreter
@@ -217,7 +249,7 @@ def dry_run_block(make_provider: Callable[[type], ExecutionProvider], provider_c
                    {"execute_wait": execute_wait, "_write_submit_script": write_script})
     provider = make_provider(dry_cls)
     provider.script_dir = str(script_dir)
-    exe = executor(site, provider)
+    exe = executor(site, provider, resolve=False)
     provider.submit(worker_command(exe), 1, f"parsl.{LABEL}.block-0")
     stamped = captured["job_name"]  # the provider appends time.time(): show a placeholder
     base = stamped.rsplit(".", 2)[0]

@@ -1,7 +1,8 @@
 """What the PBS Pro sites (`aurora`, `polaris`) share: the job's directives and the Parsl
 `PBSProProvider`. A PBS site module subclasses `PBSSite` with its `kind`, defaults,
-`launch_options()` and three class constants: `CPUS_PER_NODE` (PBS `ncpus`),
-`SELECT_OPTIONS` (extra `select` resources such as `ngpus=4`) and `DRY_RUN_JOB_ID`.
+`launch_options()` and four class constants: `CPUS_PER_NODE` (PBS `ncpus`),
+`SELECT_OPTIONS` (extra `select` resources such as `ngpus=4`), `DRY_RUN_JOB_ID` and
+`COLLECTIVE_ENV` (the collective library's environment ALCF documents for the machine).
 """
 
 from __future__ import annotations
@@ -22,6 +23,17 @@ class PBSSite(batch.BatchSite):
     CPUS_PER_NODE: ClassVar[int]
     SELECT_OPTIONS: ClassVar[str] = ""
     DRY_RUN_JOB_ID: ClassVar[str]
+    COLLECTIVE_ENV: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    def rank_env(self, *base: dict[str, str]) -> dict[str, str]:
+        """Every rank's environment: `base`, the collective environment (unless
+        `collective_env: false`), then the user's `env`, which wins."""
+        merged: dict[str, str] = {}
+        for part in base:
+            merged.update(part)
+        if self.collective_env:
+            merged.update(self.COLLECTIVE_ENV)
+        return {**merged, **self.env}
 
     account: str = Field(min_length=1)
     """ALCF project charged for the blocks (qsub -A)."""
@@ -35,6 +47,15 @@ class PBSSite(batch.BatchSite):
     """Chunk placement (-l place=)."""
     launcher: Literal["pals", "mpich"] = "pals"
     """`pals` on the machine; `mpich` (mpiexec -launcher fork) is the single-machine test stand-in."""
+    tmpdir: str | None = "/tmp"
+    """TMPDIR for the Parsl worker and everything it starts (null: PBS's per-job directory).
+    Python's multiprocessing binds AF_UNIX sockets under TMPDIR, whose path may not exceed
+    107 bytes; PBS's per-job TMPDIR (/var/tmp/pbs.<job id>) uses most of that (docs/sites.md)."""
+    collective_env: bool = True
+    """Set the collective library's environment that ALCF documents for the machine on every
+    rank (the site's `COLLECTIVE_ENV`: oneCCL on Aurora, NCCL/libfabric on Polaris; sources
+    in the site module and docs/sites.md). A variable in `env` overrides one of them; false
+    leaves the environment as your modules set it."""
 
     def provider(self, cls: type | None = None) -> PBSProProvider:
         """The site's PBSProProvider (`cls`: a subclass, for the dry run)."""

@@ -8,6 +8,9 @@ Fields a user changes (in the campaign file, under `site:`):
     walltime       of one block, HH:MM:SS
     nodes, spares  active nodes a stage may use, and extra nodes that replace excluded ones
     worker_init    activates your environment, e.g. `module use /soft/modulefiles; module load conda; conda activate base`
+    collective_env ALCF's NCCL/aws-ofi-nccl variables on every rank (default true; `env` overrides one)
+    tmpdir         TMPDIR of the job's Parsl worker (default /tmp: AF_UNIX paths stay short)
+    address_interface  interface workers connect to (default bond0, as ALCF's Parsl page says)
 
 A block is `qsub -l select=N:ncpus=64:ngpus=4 -l filesystems=home:eagle -l place=scatter`
 (https://docs.alcf.anl.gov/polaris/running-jobs/). The trainer starts with PALS
@@ -33,6 +36,24 @@ from campaign.executors.launchers import NVIDIA_NO_MULTICAST_ENV
 RANKS_PER_NODE = 4
 DEPTH = 8
 CPU_BIND = "depth"
+# ALCF's NCCL page (https://docs.alcf.anl.gov/polaris/applications-and-libraries/libraries/nccl/):
+# "the following best environment setup" (2-3x faster collectives through the aws-ofi-nccl
+# plugin); since October 29, 2024 the `conda` modules set the same. The plugin's
+# LD_LIBRARY_PATH comes from `module load conda` (or add it in `env`). The page warns that
+# some applications (Megatron-DeepSpeed) hang with the plugin: `collective_env: false`.
+COLLECTIVE_ENV: tuple[tuple[str, str], ...] = (
+    ("NCCL_NET_GDR_LEVEL", "PHB"),
+    ("NCCL_CROSS_NIC", "1"),
+    ("NCCL_COLLNET_ENABLE", "1"),
+    ("NCCL_NET", "AWS Libfabric"),
+    ("FI_CXI_DISABLE_HOST_REGISTER", "1"),
+    ("FI_MR_CACHE_MONITOR", "userfaultfd"),
+    ("FI_CXI_DEFAULT_CQ_SIZE", "131072"),
+)
+# ALCF's Parsl page (https://docs.alcf.anl.gov/polaris/workflows/parsl/, "Updates"): for Parsl
+# after July 2023 the HighThroughputExecutor's address "needs to be set to
+# address_by_interface("bond0")".
+ADDRESS_INTERFACE = "bond0"
 GPU_WRAPPER: tuple[str, ...] = (
     "bash",
     "-c",
@@ -48,11 +69,14 @@ class PolarisSite(pbs.PBSSite):
     """Logical CPUs of a Polaris node (32 cores x 2 hyperthreads): PBS `ncpus`."""
     SELECT_OPTIONS: ClassVar[str] = "ngpus=4"
     DRY_RUN_JOB_ID: ClassVar[str] = "DRYRUN.polaris-pbs-01.hsn.cm.polaris.alcf.anl.gov"
+    COLLECTIVE_ENV: ClassVar[tuple[tuple[str, str], ...]] = COLLECTIVE_ENV
 
     kind: Literal["polaris"] = "polaris"
     """Site kind."""
     filesystems: str = "home:eagle"
     """Filesystems the job needs (-l filesystems=)."""
+    address_interface: str | None = ADDRESS_INTERFACE
+    """Interface of the driver's host that workers connect to (ALCF: `bond0` on Polaris)."""
     ranks_per_node: int = Field(default=RANKS_PER_NODE, ge=1, le=64)
     """Ranks per node (4: one per GPU)."""
     depth: int = Field(default=DEPTH, ge=1, le=64)
@@ -65,8 +89,8 @@ class PolarisSite(pbs.PBSSite):
 
     def launch_options(self) -> LaunchOptions:
         """CPU binding, the GPU affinity wrapper, and the NVIDIA environment."""
-        env = {**dict(NVIDIA_NO_MULTICAST_ENV), **self.env}
-        if self.launcher == "mpich":
-            return LaunchOptions(env={"MASTER_ADDR": "127.0.0.1", **env})
+        if self.launcher == "mpich":  # the single-machine stand-in: no fabric
+            return LaunchOptions(env={"MASTER_ADDR": "127.0.0.1", **dict(NVIDIA_NO_MULTICAST_ENV), **self.env})
+        env = self.rank_env(dict(NVIDIA_NO_MULTICAST_ENV))
         wrapper = GPU_WRAPPER if self.gpu_affinity else ()
         return LaunchOptions(env=env, cpu_bind=CPU_BIND, depth=self.depth, wrapper=wrapper)

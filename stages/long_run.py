@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import replace
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from campaign import evidence, exits, report
-from campaign.stagebase import StageSpec, Verdict
+from campaign import contract, evidence, exits, goodput
+from campaign.ledger.models import Campaign
+from campaign.stagebase import StageSpec, Targets, Verdict, steps_for_tokens, where
 from campaign.train.config import Fault
 from campaign.watchdog import WatchdogPolicy
 
@@ -53,8 +55,13 @@ class LongRunStage(StageSpec):
     """Token target (cumulative over all ranks); give this or `steps`."""
     steps: int | None = Field(default=None, ge=1)
     """Step target; give this or `tokens`."""
-    checkpoint_every: int = Field(default=50, ge=1)
-    """Steps between checkpoints."""
+    checkpoint_every: Annotated[int, Field(ge=1)] | Literal["auto"] = 50
+    """Steps between checkpoints, or `auto`: Young/Daly from the ledger (the observed save
+    stall and step time, and `mtbf_s` or the site's failure history), recomputed before each
+    launch; 50 (`PROVISIONAL_EVERY`) until a save and a step were measured."""
+    mtbf_s: float | None = Field(default=None, gt=0)
+    """Mean time between faults of this stage's job (all its nodes), for `checkpoint_every:
+    auto`; unset: from the site's failure history in the ledger."""
     max_attempts: int = Field(default=3, ge=1)
     """Attempts (the first launch and relaunches) before the stage gives up."""
     crash_loop: int = Field(default=3, ge=2)
@@ -76,6 +83,13 @@ class LongRunStage(StageSpec):
     faults: list[Fault] = []
     """Deliberate faults for drills (needs CAMPAIGN_ALLOW_FAULTS=1)."""
 
+    @field_validator("checkpoint_every", mode="before")
+    @classmethod
+    def _steps_or_auto(cls, v: Any) -> Any:
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            return v
+        raise ValueError(f"must be a number of steps >= 1, or auto; got {v!r}")
+
     @model_validator(mode="after")
     def _one_target(self) -> LongRunStage:
         if (self.tokens is None) == (self.steps is None):
@@ -83,20 +97,28 @@ class LongRunStage(StageSpec):
         return self
 
 
+def first_targets(stage: LongRunStage, spec: Any, nodes: int) -> Targets:
+    """What every attempt of the stage must do (relaunches resume); `--dry-run` shows the same."""
+    steps = stage.steps or steps_for_tokens(spec, stage.tokens or 0, stage.nodes)
+    every = PROVISIONAL_EVERY if stage.checkpoint_every == "auto" else stage.checkpoint_every
+    return Targets(steps=steps, resume=True, max_tokens=stage.tokens, train={"checkpoint_every": every})
+
+
 def run(ctx: StageContext, stage: LongRunStage) -> Verdict:
-    steps = stage.steps or ctx.steps_for_tokens(stage.tokens or 0, stage.nodes)
-    ckpt = ctx.stage_dir / "checkpoints"
+    targets = first_targets(stage, ctx.spec, stage.nodes or ctx.spec.site.nodes)
+    steps = targets.steps
+    ckpt = ctx.stage_dir / targets.checkpoints
     outcomes: list[AttemptOutcome] = []
     excluded: list[str] = []
     while True:
         confirming = bool(outcomes) and outcomes[-1].exit_class in exits.CONFIRM_ONCE
-        outcome = ctx.launch(steps=steps, nodes=stage.nodes, timeout_s=stage.timeout_s, resume=True,
-                             checkpoint_dir=ckpt, max_tokens=stage.tokens, watchdog=stage.watchdog,
-                             train={"checkpoint_every": stage.checkpoint_every}, faults=tuple(stage.faults),
+        every = checkpoint_every(ctx, stage)
+        outcome = ctx.launch(replace(targets, train={"checkpoint_every": every}), nodes=stage.nodes,
+                             timeout_s=stage.timeout_s, watchdog=stage.watchdog, faults=tuple(stage.faults),
                              label="" if not outcomes else "confirming retry" if confirming
                              else f"relaunch {len(outcomes)}", rotate=1 if confirming else 0)
         if confirming:
-            outcome = _confirmed(ctx, outcomes[-1], outcome)
+            outcome = ctx.confirm(outcomes[-1], outcome)
         outcomes.append(outcome)
         if stage.exclude_stragglers and outcome.report.get("stragglers"):
             excluded += ctx.exclude_stragglers(outcome, hours=stage.exclusion_hours)
@@ -111,7 +133,7 @@ def run(ctx: StageContext, stage: LongRunStage) -> Verdict:
             if budget.probe:
                 ctx.event("exclusion_budget", f"not excluded without a probe: {budget.reason}",
                           attempt_id=outcome.attempt_id, data={"probe": [s.node for s in budget.probe]})
-        resumed = _newest_complete(ckpt)
+        resumed = _newest_complete(ctx.spec.trainer.checkpoints, ckpt)
         lost = (outcome.last_step or 0) - resumed
         ctx.event("relaunch", f"relaunching after {outcome.exit_class} (exit {outcome.exit_code}"
                   f"{', ' + outcome.report['stall'] if outcome.report.get('stall') else ''}) from the checkpoint of "
@@ -123,6 +145,27 @@ def run(ctx: StageContext, stage: LongRunStage) -> Verdict:
     return judge([o.as_dict() for o in outcomes], steps=steps, tokens=stage.tokens, stop=stop,
                  max_attempts=stage.max_attempts, crash_loop=stage.crash_loop, carried=ctx.stage_progress(),
                  excluded=excluded)
+
+
+PROVISIONAL_EVERY = 50
+"""`checkpoint_every: auto` before the ledger knows a save's cost and the step time."""
+
+
+def checkpoint_every(ctx: StageContext, stage: LongRunStage) -> int:
+    """The stage's interval in steps; for `auto`, Young/Daly from the ledger (an event says which)."""
+    if stage.checkpoint_every != "auto":
+        return stage.checkpoint_every
+    with ctx.ledger.session() as s:
+        c = s.get(Campaign, ctx.run.campaign_id)
+        assert c is not None
+        sug = goodput.suggest_interval(s, c, nodes=stage.nodes or ctx.spec.site.nodes, mtbf_s=stage.mtbf_s)
+    if sug is None:
+        ctx.event("checkpoint_interval", f"checkpoint_every auto: {PROVISIONAL_EVERY} steps until a save and "
+                  "a step are measured")
+        return PROVISIONAL_EVERY
+    ctx.event("checkpoint_interval", f"checkpoint_every auto: {sug.steps} steps (Young/Daly: save {sug.save_s:.2f} s, "
+              f"MTBF {sug.mtbf_s:.0f} s from {sug.source}, step {sug.step_s:.3f} s)", data=sug.as_dict())
+    return sug.steps
 
 
 def next_action(outcomes: list[AttemptOutcome], stage: LongRunStage) -> str | None:
@@ -145,20 +188,6 @@ def next_action(outcomes: list[AttemptOutcome], stage: LongRunStage) -> str | No
     return None
 
 
-def _confirmed(ctx: StageContext, first: AttemptOutcome, retry: AttemptOutcome) -> AttemptOutcome:
-    """The confirming retry's outcome with what the two failures say together
-    (`evidence.confirm`): the failure followed the node, the rank, or moved."""
-    before, now = first.report.get("finding"), retry.report.get("finding")
-    if not before or not now or retry.exit_code == 0:
-        return retry
-    finding = evidence.confirm(evidence.Finding.from_dict(before), evidence.Finding.from_dict(now))
-    cls = exits.classify_finding(retry.exit_code, finding.kind)
-    ctx.event("confirmed", f"confirming retry: {finding.message}", attempt_id=retry.attempt_id,
-              data={"finding": finding.to_dict()})
-    return ctx.reclassify(retry, {"finding": finding.to_dict(), "exit_class": cls, "error": finding.message,
-                                  "suspects": [s.to_dict() for s in finding.suspects]})
-
-
 def _no_progress(outcomes: list[Any], k: int) -> bool:
     """The last `k` attempts reported no step beyond what came before them."""
     if len(outcomes) < k:
@@ -167,9 +196,9 @@ def _no_progress(outcomes: list[Any], k: int) -> bool:
     return all((o.last_step or 0) <= before for o in outcomes[-k:])
 
 
-def _newest_complete(ckpt: Any) -> int:
-    done = [c["step"] for c in report.list_checkpoints(ckpt) if c["complete"]]
-    return max(done) if done else 0
+def _newest_complete(layout: Any, ckpt: Any) -> int:
+    newest = contract.newest_complete(layout, ckpt)
+    return newest["step"] if newest else 0
 
 
 def judge(attempts: list[dict[str, Any]], *, steps: int, tokens: int | None, stop: str = "done",
@@ -209,8 +238,8 @@ def judge(attempts: list[dict[str, Any]], *, steps: int, tokens: int | None, sto
         return Verdict(False, why, numbers)
     reached = (final.get("tokens") or 0) >= tokens if tokens else (final.get("step") or 0) >= steps
     if not reached:
-        return Verdict(False, f"trainer stopped at step {final.get('step')} ({final.get('tokens')} tokens) short of the target",
-                       numbers)
+        return Verdict(False, f"trainer stopped at step {final.get('step')} ({final.get('tokens')} tokens) short of the "
+                       f"target{where(last, 'metrics.jsonl')}", numbers)
     loss = final.get("loss")
     if loss is None or not math.isfinite(loss):
         return Verdict(False, f"final loss is not finite ({loss})", numbers)

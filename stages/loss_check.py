@@ -8,12 +8,13 @@ Missing reference steps are an error, never a silent pass.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Literal
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
 from campaign.reference import Reference
-from campaign.stagebase import StageSpec, Verdict
+from campaign.stagebase import StageSpec, Targets, Verdict, after_retry, where
 
 if TYPE_CHECKING:
     from campaign.attempt import StageContext
@@ -43,24 +44,34 @@ class LossCheckStage(StageSpec):
         return self
 
 
+def first_targets(stage: LossCheckStage, spec: Any, nodes: int) -> Targets:
+    """What the stage's first attempt must do (a fresh run in checkpoints-1/); `--dry-run` shows the same."""
+    return Targets(steps=stage.steps, checkpoints="checkpoints-1", checkpoint_final=False)
+
+
 def run(ctx: StageContext, stage: LossCheckStage) -> Verdict:
-    outcome = ctx.launch(steps=stage.steps, nodes=stage.nodes, timeout_s=stage.timeout_s, resume=False,
-                         checkpoint_dir=ctx.stage_dir / f"checkpoints-{ctx.run.attempts_count + 1}")
+    targets = replace(first_targets(stage, ctx.spec, stage.nodes or ctx.spec.site.nodes),
+                      checkpoints=f"checkpoints-{ctx.run.attempts_count + 1}")  # a rerun starts afresh
+    retry = replace(targets, checkpoints=f"checkpoints-{ctx.run.attempts_count + 2}")
+    outcome, first = ctx.launch_confirmed(targets, retry_targets=retry, nodes=stage.nodes, timeout_s=stage.timeout_s)
     check_steps = list(range(stage.steps - stage.window + 1, stage.steps + 1))
     if outcome.exit_code != 0:
-        return Verdict(False, f"trainer exited {outcome.exit_code} ({outcome.exit_class}) at step "
-                       f"{outcome.report.get('last_step')}", {"exit_code": outcome.exit_code})
+        return after_retry(Verdict(False, f"trainer exited {outcome.exit_code} ({outcome.exit_class}) at step "
+                                   f"{outcome.report.get('last_step')}; rank 0's log: {outcome.rank0_log}",
+                                   {"exit_code": outcome.exit_code}), first)
     reference = None if stage.reference.record else ctx.reference_losses(stage.reference)
-    return judge(outcome.losses, reference, check_steps, stage.tolerance)
+    return after_retry(judge(outcome.losses, reference, check_steps, stage.tolerance,
+                             hint=where(outcome.as_dict(), "metrics.jsonl")), first)
 
 
 def judge(losses: dict[int, float], reference: dict[int, float] | None, check_steps: list[int],
-          tolerance: float) -> Verdict:
-    """Pure verdict. `reference=None` means this run records the reference."""
+          tolerance: float, hint: str = "") -> Verdict:
+    """Pure verdict. `reference=None` means this run records the reference. `hint`: where to
+    look when steps are missing (`stagebase.where`)."""
     span = f"steps {check_steps[0]}-{check_steps[-1]}" if len(check_steps) > 1 else f"step {check_steps[0]}"
     missing = [s for s in check_steps if s not in losses]
     if missing:
-        return Verdict(False, f"the run reported no loss for {_steps(missing)}", {"missing_steps": missing})
+        return Verdict(False, f"the run reported no loss for {_steps(missing)}{hint}", {"missing_steps": missing})
     value = sum(losses[s] for s in check_steps) / len(check_steps)
     numbers: dict[str, object] = {"loss": value, "check_steps": [check_steps[0], check_steps[-1]], "tolerance": tolerance}
     if not math.isfinite(value):

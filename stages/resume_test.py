@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from campaign.stagebase import StageSpec, Verdict
+from campaign import report
+from campaign.stagebase import StageSpec, Targets, Verdict, after_retry, where
 from campaign.train.config import Fault
 
 UNBOUNDED = 10**9
@@ -51,45 +52,70 @@ class ResumeTestStage(StageSpec):
         return self
 
 
+NO_CKPT = {"checkpoint_every": 0}
+
+
+def first_targets(stage: ResumeTestStage, spec: Any, nodes: int) -> Targets:
+    """What the uninterrupted reference run must do; `--dry-run` shows the same."""
+    return Targets(steps=stage.steps, checkpoints="checkpoints-reference", train=NO_CKPT, checkpoint_final=False,
+                   exact=True)
+
+
 def run(ctx: StageContext, stage: ResumeTestStage) -> Verdict:
-    no_ckpt = {"checkpoint_every": 0}
-    reference = ctx.launch(steps=stage.steps, nodes=stage.nodes, timeout_s=stage.timeout_s, resume=False,
-                           checkpoint_dir=ctx.stage_dir / "checkpoints-reference", label="reference", train=no_ckpt)
+    # Bit-for-bit comparisons need deterministic kernels (`exact`); neither the reference nor
+    # the resumed run is resumed from, so neither saves a final checkpoint (first_targets).
+    # The reference and the resumed runs get the confirming retry of a crash without evidence
+    # (`launch_confirmed`); the interrupted run is killed on purpose, so its exit is no evidence.
+    reference, retried = ctx.launch_confirmed(first_targets(stage, ctx.spec, stage.nodes or ctx.spec.site.nodes),
+                                              nodes=stage.nodes, timeout_s=stage.timeout_s, label="reference")
     if reference.exit_code != 0:
-        return Verdict(False, f"the uninterrupted reference run exited {reference.exit_code} ({reference.exit_class})",
-                       {"exit_code": reference.exit_code})
+        return after_retry(Verdict(False, f"the uninterrupted reference run exited {reference.exit_code} "
+                                   f"({reference.exit_class})", {"exit_code": reference.exit_code}), retried)
     checks = []
     for sig in stage.signals:
-        ckpt = ctx.stage_dir / f"checkpoints-{sig.lower()}"
-        # The interrupted run has no end of its own, so the interrupt always lands mid-training.
-        cut = ctx.launch(steps=UNBOUNDED, nodes=stage.nodes, timeout_s=stage.timeout_s, resume=False,
-                         checkpoint_dir=ckpt, checkpoint_at=(stage.checkpoint_step,), label=f"{sig} at step "
-                         f"{stage.interrupt_step}", train=no_ckpt,
-                         interrupt={"after_step": stage.interrupt_step, "signal": sig})
-        resumed = ctx.launch(steps=stage.steps, nodes=stage.nodes, timeout_s=stage.timeout_s, resume=True,
-                             checkpoint_dir=ckpt, label=f"resume after {sig}", train=no_ckpt,
-                             faults=tuple(stage.faults))
-        checks.append(compare(sig, reference.metrics, cut.as_dict(), resumed.as_dict(), stage.tolerance))
-    return judge(checks)
+        ckpt = f"checkpoints-{sig.lower()}"
+        # The interrupted run has no end of its own, so the interrupt always lands mid-training,
+        # and only once its checkpoint is complete (an async save may still be writing it).
+        cut = ctx.launch(Targets(steps=UNBOUNDED, checkpoints=ckpt, checkpoint_at=(stage.checkpoint_step,),
+                                 train=NO_CKPT, exact=True), nodes=stage.nodes, timeout_s=stage.timeout_s,
+                         label=f"{sig} at step {stage.interrupt_step}",
+                         interrupt={"after_step": stage.interrupt_step, "signal": sig,
+                                    "after_checkpoint": str(ctx.stage_dir / ckpt /
+                                                            report.checkpoint_name(stage.checkpoint_step))})
+        resumed, first = ctx.launch_confirmed(Targets(steps=stage.steps, resume=True, checkpoints=ckpt,
+                                                      train=NO_CKPT, checkpoint_final=False, exact=True),
+                                              nodes=stage.nodes, timeout_s=stage.timeout_s,
+                                              label=f"resume after {sig}", faults=tuple(stage.faults))
+        retried = first or retried
+        checks.append(compare(sig, reference.metrics, cut.as_dict(), resumed.as_dict(), stage.tolerance,
+                              checkpoint_step=stage.checkpoint_step))
+    return after_retry(judge(checks), retried)
 
 
 def compare(signal: str, reference: list[dict[str, Any]], cut: dict[str, Any], resumed: dict[str, Any],
-            tolerance: float) -> dict[str, Any]:
-    """One interrupted-and-resumed run against the reference (plain data in, plain data out)."""
+            tolerance: float, checkpoint_step: int | None = None) -> dict[str, Any]:
+    """One interrupted-and-resumed run against the reference (plain data in, plain data out).
+    `checkpoint_step`: the resumed run must start right after it (not from scratch)."""
     out: dict[str, Any] = {"signal": signal, "cut_exit_code": cut.get("exit_code"), "cut_last_step": cut.get("last_step"),
                            "resume_exit_code": resumed.get("exit_code")}
     rows = resumed.get("metrics", [])
     if resumed.get("exit_code") != 0:
-        out["problem"] = f"the resumed run exited {resumed.get('exit_code')} ({resumed.get('exit_class')})"
+        out["problem"] = (f"the resumed run exited {resumed.get('exit_code')} ({resumed.get('exit_class')})"
+                          + (f"; rank 0's log: {resumed['log']}" if resumed.get("log") else ""))
         return out
     if not rows:
-        out["problem"] = "the resumed run reported no step: it found a checkpoint at the target already"
+        out["problem"] = ("the resumed run reported no step: it found a checkpoint at the target already"
+                          + where(resumed, "metrics.jsonl"))
         return out
     ref = {m["step"]: m for m in reference}
     first = rows[0]["step"]
     out["resumed_from_step"] = first - 1
     out["first_differing_step"] = None
     out["max_abs_diff"] = 0.0
+    if checkpoint_step is not None and first - 1 != checkpoint_step:
+        out["problem"] = (f"the resumed run started at step {first}, not after the checkpoint of step "
+                          f"{checkpoint_step}")
+        return out
     if first - 1 not in ref and first != 1:
         out["problem"] = f"the resumed run started at step {first}, which the reference never reached"
         return out

@@ -1,12 +1,13 @@
 """The `scaling` stage: the same steps at each node count, then weak-scaling efficiency.
 
 Per node count it records the median step time (warm-up steps excluded), tokens/s,
-collective time and its share of the step, peak memory and the loss at the last step.
+collective time and its share of the step, peak memory and the mean loss of the last
+`loss_window` steps (one step's loss is noise; loss_check judges a window too).
 Efficiency is the per-node throughput at each count over that at the smallest count
 (weak scaling: the per-rank batch is fixed), or the speed-up over that count divided by the
 node ratio (strong scaling: the global batch is fixed). Passes when every count's efficiency is at
-least `min_efficiency` and its last loss is within `loss_tolerance` of the reference
-(by default the smallest count's run).
+least `min_efficiency` and its window's mean loss is within `loss_tolerance` of the
+reference's mean over the same steps (by default the smallest count's run).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from campaign.reference import Reference
-from campaign.stagebase import StageSpec, Verdict
+from campaign.stagebase import StageSpec, Targets, Verdict, after_retry
 
 if TYPE_CHECKING:
     from campaign.attempt import StageContext
@@ -44,7 +45,9 @@ class ScalingStage(StageSpec):
     min_efficiency: float = Field(default=0.7, ge=0, le=1.5)
     """Lowest acceptable weak-scaling efficiency at any count."""
     loss_tolerance: float = Field(default=0.10, ge=0)
-    """Largest allowed |last loss - reference loss| at any count."""
+    """Largest allowed |window loss - reference loss| at any count."""
+    loss_window: int = Field(default=5, ge=1)
+    """The loss compared is the mean over the last this-many steps (e.g. steps 16-20 of 20; at most `steps`)."""
     reference: Reference | None = None
     """Reference losses (default: the smallest count's own run)."""
 
@@ -73,24 +76,30 @@ class ScalingStage(StageSpec):
 
 
 def run(ctx: StageContext, stage: ScalingStage) -> Verdict:
-    rows = []
+    rows, retried = [], None
     for n in stage.node_counts:
-        train: dict[str, Any] = {"checkpoint_every": 0}
-        if stage.batch == "strong":
-            train["micro_batch_size"] = strong_micro_batch(ctx.spec.trainer.micro_batch_size, stage.node_counts[0], n)
-        outcome = ctx.launch(steps=stage.steps, nodes=n, timeout_s=stage.timeout_s, resume=False,
-                             checkpoint_dir=ctx.stage_dir / f"checkpoints-{n}n", label=f"{n} node(s)", train=train)
-        row = measure(outcome.metrics, nodes=n, warmup=stage.warmup_steps)
+        outcome, first = ctx.launch_confirmed(first_targets(stage, ctx.spec, n), nodes=n, timeout_s=stage.timeout_s,
+                                          label=f"{n} node(s)")
+        retried = first or retried
+        row = measure(outcome.metrics, nodes=n, warmup=stage.warmup_steps, window=window_steps(stage))
         row.update(ranks=outcome.world_size, exit_code=outcome.exit_code, exit_class=outcome.exit_class,
                    attempt=outcome.number)
         rows.append(row)
         if outcome.exit_code != 0:
             break
     reference = ctx.reference_losses(stage.reference) if stage.reference else None
-    verdict = judge(rows, stage, reference)
+    verdict = after_retry(judge(rows, stage, reference), retried)
     ctx.show_table("scaling table", rows, ["nodes", "ranks", "step_time_s", "tokens_per_s", "comm_time_s", "comm_share",
-                                     "mem_peak_gib", "last_loss", "efficiency"])
+                                     "mem_peak_gib", "loss", "efficiency"])
     return verdict
+
+
+def first_targets(stage: ScalingStage, spec: Any, nodes: int) -> Targets:
+    """What the attempt at `nodes` nodes must do; `--dry-run` shows the same."""
+    train: dict[str, Any] = {"checkpoint_every": 0}
+    if stage.batch == "strong":
+        train["micro_batch_size"] = strong_micro_batch(spec.trainer.micro_batch_size, stage.node_counts[0], nodes)
+    return Targets(steps=stage.steps, checkpoints=f"checkpoints-{nodes}n", train=train, checkpoint_final=False)
 
 
 def strong_micro_batch(base: int, base_nodes: int, nodes: int) -> int:
@@ -101,8 +110,14 @@ def strong_micro_batch(base: int, base_nodes: int, nodes: int) -> int:
     return total // nodes
 
 
-def measure(metrics: list[dict[str, Any]], *, nodes: int, warmup: int) -> dict[str, Any]:
-    """One row of the scaling table from one attempt's step metrics."""
+def window_steps(stage: ScalingStage) -> list[int]:
+    """The steps whose mean loss is compared: the last `loss_window` of the run (all, if fewer)."""
+    return list(range(max(1, stage.steps - stage.loss_window + 1), stage.steps + 1))
+
+
+def measure(metrics: list[dict[str, Any]], *, nodes: int, warmup: int, window: list[int] | None = None) -> dict[str, Any]:
+    """One row of the scaling table from one attempt's step metrics; `loss` is the mean over
+    the `window` steps (None if one is missing)."""
     steady = [m for m in metrics if m["step"] > warmup] or metrics
     row: dict[str, Any] = {"nodes": nodes, "steps": len(metrics)}
     for key in ("step_time_s", "tokens_per_s", "comm_time_s"):
@@ -113,6 +128,9 @@ def measure(metrics: list[dict[str, Any]], *, nodes: int, warmup: int) -> dict[s
     row["comm_share"] = (row["comm_time_s"] / row["step_time_s"]
                          if row["comm_time_s"] is not None and row["step_time_s"] else None)
     row["last_loss"] = metrics[-1]["loss"] if metrics else None
+    losses = {m["step"]: m["loss"] for m in metrics}
+    window = window or ([metrics[-1]["step"]] if metrics else [])
+    row["loss"] = _mean([losses.get(s) for s in window])
     row["last_step"] = metrics[-1]["step"] if metrics else None
     return row
 
@@ -128,24 +146,38 @@ def judge(rows: list[dict[str, Any]], stage: ScalingStage, reference: dict[int, 
         why = f"exited {bad['exit_code']} ({bad['exit_class']}) at step {bad['last_step']}" if bad else "did not run"
         return Verdict(False, f"{missing[0]} node(s): {why}", numbers)
     base = rows[0]
-    ref_loss = reference.get(stage.steps) if reference is not None else base["last_loss"]
+    window = window_steps(stage)
+    span = f"steps {window[0]}-{window[-1]}" if len(window) > 1 else f"step {window[0]}"
+    numbers["loss_steps"] = [window[0], window[-1]]
+    ref_loss = _mean([reference.get(s) for s in window]) if reference is not None else base["loss"]
     if ref_loss is None:
-        return Verdict(False, f"the reference has no loss at step {stage.steps}", numbers)
+        return Verdict(False, f"the reference has no loss for every one of {span}", numbers)
     problems = []
     for r in rows:
         if r["efficiency"] is None:
             problems.append(f"{r['nodes']} node(s): no tokens/s reported")
         elif r["efficiency"] + EPS < stage.min_efficiency:
             problems.append(f"{r['nodes']} node(s): efficiency {r['efficiency']:.2f} below {stage.min_efficiency:g}")
-        loss = r["last_loss"]
+        loss = r["loss"]
         if loss is None or not math.isfinite(loss) or abs(loss - ref_loss) > stage.loss_tolerance + EPS:
-            problems.append(f"{r['nodes']} node(s): loss {loss} vs reference {ref_loss:.4f} outside ±{stage.loss_tolerance:g}")
+            problems.append(f"{r['nodes']} node(s): mean loss over {span} {_fmt(loss)} vs reference {ref_loss:.4f} "
+                            f"outside ±{stage.loss_tolerance:g}")
     top = rows[-1]
     summary = (f"{len(rows)} node counts; efficiency at {top['nodes']} node(s) {top['efficiency']:.2f}; "
-               f"tokens/s {base['tokens_per_s']:,.0f} -> {top['tokens_per_s']:,.0f}")
+               f"tokens/s {base['tokens_per_s']:,.0f} -> {top['tokens_per_s']:,.0f}; mean loss over {span} within "
+               f"±{stage.loss_tolerance:g} of {ref_loss:.4f}")
     if problems:
         return Verdict(False, "; ".join(problems), numbers)
     return Verdict(True, summary, numbers)
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known and len(known) == len(values) else None
+
+
+def _fmt(loss: float | None) -> str:
+    return "missing" if loss is None else f"{loss:.4f}"
 
 
 def _efficiency(rows: list[dict[str, Any]]) -> None:

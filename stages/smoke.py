@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from campaign.stagebase import StageSpec, Verdict
+from campaign.stagebase import StageSpec, Targets, Verdict, after_retry, where
 
 if TYPE_CHECKING:
     from campaign.attempt import StageContext
@@ -29,15 +29,27 @@ class SmokeStage(StageSpec):
     """Hard limit on the attempt's wall time; past it the job is killed (exit 124)."""
 
 
+def first_targets(stage: SmokeStage, spec: Any, nodes: int) -> Targets:
+    """What the stage's (first) attempt must do; `--dry-run` shows the same."""
+    return Targets(steps=stage.steps, checkpoint_final=False)  # nothing resumes from it
+
+
 def run(ctx: StageContext, stage: SmokeStage) -> Verdict:
-    """One attempt on the stage's nodes, then the verdict."""
-    outcome = ctx.launch(steps=stage.steps, nodes=stage.nodes, timeout_s=stage.timeout_s, resume=False)
-    return judge(outcome.as_dict(), expected_ranks=outcome.world_size, steps=stage.steps)
+    """One attempt on the stage's nodes (and the one confirming retry a crash without evidence
+    gets, `StageContext.launch_confirmed`), then the verdict."""
+    outcome, first = ctx.launch_confirmed(first_targets(stage, ctx.spec, stage.nodes or ctx.spec.site.nodes),
+                                          nodes=stage.nodes, timeout_s=stage.timeout_s)
+    return after_retry(judge(outcome.as_dict(), expected_ranks=outcome.world_size, steps=stage.steps,
+                             startup_expected=ctx.spec.trainer.progress == "metrics"), first)
 
 
-def judge(result: dict[str, Any], *, expected_ranks: int, steps: int) -> Verdict:
-    """Pure verdict on one attempt's result (`AttemptOutcome.as_dict()`)."""
+def judge(result: dict[str, Any], *, expected_ranks: int, steps: int, startup_expected: bool = True) -> Verdict:
+    """Pure verdict on one attempt's result (`AttemptOutcome.as_dict()`). `startup_expected`:
+    the trainer writes startup.json (False for `progress: stdout`: every rank exiting 0 with
+    finite losses is then the evidence, and the verdict says what was not checked)."""
     numbers: dict[str, Any] = {"expected_ranks": expected_ranks, "exit_code": result.get("exit_code")}
+    if not startup_expected and not result.get("startup"):
+        return _judge_exits(result, numbers, expected_ranks, steps)
     startup = result.get("startup") or {}
     reported = sorted({int(r["rank"]) for r in startup.get("ranks", [])})
     numbers["ranks_reported"] = len(reported)
@@ -47,24 +59,55 @@ def judge(result: dict[str, Any], *, expected_ranks: int, steps: int) -> Verdict
                        f"suspect nodes: {_names(result)}", numbers)
     if missing:
         return Verdict(False, f"{len(missing)} of {expected_ranks} ranks never reported (ranks {missing[:8]}); "
-                       f"suspect nodes: {_names(result)}", numbers)
+                       f"suspect nodes: {_names(result)}{where(result, 'startup.json')}", numbers)
     allreduce = startup.get("allreduce") or {}
     got, expected = allreduce.get("got"), allreduce.get("expected")
     numbers.update(allreduce_got=got, allreduce_expected=expected)
     if got is None or got != expected:
         return Verdict(False, f"all-reduce over {expected_ranks} ranks returned {got}, expected exactly {expected}", numbers)
+    losses, failed = _steps_verdict(result, numbers, steps)
+    if failed is not None:
+        return failed
+    return Verdict(True, f"{expected_ranks}/{expected_ranks} ranks reported; all-reduce {got:g} == {expected:g}; "
+                   f"{steps} steps, loss {losses[-1]:.4f} finite", numbers)
+
+
+def _steps_verdict(result: dict[str, Any], numbers: dict[str, Any], steps: int) -> tuple[list[Any], Verdict | None]:
+    """The losses, and a failing verdict when one is not finite, the trainer did not exit 0,
+    or fewer than `steps` steps reported a loss (None when all is well)."""
     losses = [m["loss"] for m in result.get("metrics", [])]
     numbers.update(steps_done=len(losses), last_loss=losses[-1] if losses else None)
     bad = [i + 1 for i, x in enumerate(losses) if x is None or not math.isfinite(x)]
     if bad:
-        return Verdict(False, f"non-finite loss at step {bad[0]}", numbers)
+        return losses, Verdict(False, f"non-finite loss at step {bad[0]}", numbers)
     if result.get("exit_code") != 0:
-        return Verdict(False, f"trainer exited {result.get('exit_code')} ({result.get('exit_class')}) at step "
-                       f"{result.get('last_step')}", numbers)
+        return losses, Verdict(False, f"trainer exited {result.get('exit_code')} ({result.get('exit_class')}) at "
+                               f"step {result.get('last_step')}{_log(result)}", numbers)
     if len(losses) < steps:
-        return Verdict(False, f"only {len(losses)} of {steps} steps reported a loss", numbers)
-    return Verdict(True, f"{expected_ranks}/{expected_ranks} ranks reported; all-reduce {got:g} == {expected:g}; "
-                   f"{steps} steps, loss {losses[-1]:.4f} finite", numbers)
+        return losses, Verdict(False, f"only {len(losses)} of {steps} steps reported a loss"
+                               f"{where(result, 'metrics.jsonl')}", numbers)
+    return losses, None
+
+
+def _judge_exits(result: dict[str, Any], numbers: dict[str, Any], expected_ranks: int, steps: int) -> Verdict:
+    """A trainer without startup.json: every rank must exit 0 with finite losses for every step."""
+    if result.get("exit_class") == "stalled":
+        return Verdict(False, f"timed out after {result.get('duration_s', 0):.0f} s at step {result.get('last_step')}; "
+                       f"suspect nodes: {_names(result)}", numbers)
+    numbers["not_checked"] = NOT_CHECKED
+    losses, failed = _steps_verdict(result, numbers, steps)
+    if failed is not None:
+        return failed
+    return Verdict(True, f"{expected_ranks}/{expected_ranks} ranks exited 0; {steps} steps, loss {losses[-1]:.4f} "
+                   f"finite; not checked: {NOT_CHECKED}", numbers)
+
+
+NOT_CHECKED = ("each rank's start-up and the all-reduce sum (the trainer writes no startup.json; "
+               "campaign.report.startup_check writes it)")
+
+
+def _log(result: dict[str, Any]) -> str:
+    return f"; rank 0's log: {result['log']}" if result.get("log") else ""
 
 
 def _names(result: dict[str, Any]) -> str:

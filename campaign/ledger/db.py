@@ -2,7 +2,7 @@
 
     ledger = open_ledger("sqlite:///campaigns/ledger.db")   # created and migrated if new
     with ledger.session() as s:                               # commits, or rolls back on error
-        queries.get_campaign(s, "demo")
+        reads.get_campaign(s, "demo")
 
 A new (empty) database is migrated to the head revision on first use. A database at an
 older revision is refused with the command that upgrades it; nothing is changed.
@@ -21,7 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from campaign.errors import LedgerError
+from campaign.errors import LedgerError, NoLedger
 
 
 def default_url(workdir: str | Path) -> str:
@@ -50,7 +50,11 @@ def make_engine(url: str) -> sa.Engine:
         raise LedgerError(f"not a database URL: {url!r} (expected e.g. sqlite:///path/ledger.db or postgresql+psycopg://host/db)") from None
     if parsed.drivername.startswith("sqlite"):
         if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise LedgerError(f"cannot make the ledger's folder {Path(parsed.database).parent}: "
+                                  f"{e.strerror or e}") from None
         engine = sa.create_engine(parsed)
         sa.event.listen(engine, "connect", _sqlite_pragmas)
         return engine
@@ -160,8 +164,11 @@ class Ledger:
         try:
             yield s
             s.commit()
-        except BaseException:
+        except BaseException as e:
             s.rollback()
+            broken = explain(e, self.engine) if isinstance(e, Exception) and not transient(e) else None
+            if broken is not None:
+                raise broken from e
             raise
         finally:
             s.close()
@@ -175,25 +182,115 @@ class Ledger:
 
 
 def open_ledger(url: str, *, create: bool = True, check: bool = True) -> Ledger:
-    """Open the ledger at `url`. A new database is created and migrated when `create`;
-    an out-of-date one raises SchemaOutOfDate naming the upgrade command."""
-    from campaign.ledger import schema
-
+    """Open the ledger at `url`. A new database is created and migrated when `create`
+    (one process at a time: `schema_lock`); an out-of-date one raises SchemaOutOfDate
+    naming the upgrade command; a corrupt or unreadable one a one-line LedgerError."""
     parsed = sa.engine.make_url(url) if "://" in url else None
     if (not create and parsed is not None and parsed.drivername.startswith("sqlite") and parsed.database
             and parsed.database != ":memory:" and not Path(parsed.database).exists()):
-        raise LedgerError(f"no ledger at {parsed.database}: submit a campaign first (campaign submit FILE), "
+        raise NoLedger(f"no ledger at {parsed.database}: submit a campaign first (campaign submit FILE), "
                           "or point --db / CAMPAIGN_DB_URL or --workdir at an existing one")
     engine = make_engine(url)
     try:
+        _prepare_schema(engine, url, create=create, check=check)
+    except BaseException:
+        engine.dispose()
+        raise
+    return Ledger(url, engine, sessionmaker(engine, expire_on_commit=False))
+
+
+def _prepare_schema(engine: sa.Engine, url: str, *, create: bool, check: bool) -> None:
+    """Create a new ledger's schema, or check an existing one's revision. A ledger not at
+    this release's head is looked at again under `schema_lock`: two drivers starting on a
+    fresh ledger neither both create its tables nor see the other's half-made schema."""
+    from campaign.ledger import schema
+
+    current, empty = _revision(engine)
+    if current != schema.head_revision():  # new, being created by another process, or out of date
+        with schema_lock(engine):
+            current, empty = _revision(engine)
+            if empty and create:
+                schema.upgrade(engine)
+                return
+    if check:
+        schema.check(engine, current, url)
+
+
+def _revision(engine: sa.Engine) -> tuple[str | None, bool]:
+    """The ledger's schema revision, and whether the database holds no table at all."""
+    from campaign.ledger import schema
+
+    try:
         with engine.connect() as conn:
             current = schema.current_revision(conn)
-            empty = current is None and not sa.inspect(conn).get_table_names()
-    except sa.exc.OperationalError as e:
-        engine.dispose()
-        raise LedgerError(f"cannot open the ledger at {engine.url.render_as_string(hide_password=True)}: {e.orig}") from None
-    if empty and create:
-        schema.upgrade(engine)
-    elif check:
-        schema.check(engine, current, url)
-    return Ledger(url, engine, sessionmaker(engine, expire_on_commit=False))
+            return current, current is None and not sa.inspect(conn).get_table_names()
+    except sa.exc.DBAPIError as e:
+        raise explain(e, engine) or LedgerError(f"cannot open the ledger at {_shown(engine)}: {e.orig}") from None
+
+
+SCHEMA_LOCK_KEY = 0x63616D70
+"""The Postgres advisory lock (per database) held while the ledger's schema is created or upgraded."""
+
+
+@contextlib.contextmanager
+def schema_lock(engine: sa.Engine) -> Iterator[None]:
+    """Hold the ledger's schema lock: on Postgres an advisory lock (`pg_advisory_lock`) for
+    the database, on SQLite an exclusive `flock` of `LEDGER.lock` next to the file. Held by
+    one process at a time, for schema creation and `campaign db upgrade`."""
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            conn.exec_driver_sql(f"SELECT pg_advisory_lock({SCHEMA_LOCK_KEY})")
+            try:
+                yield
+            finally:
+                conn.exec_driver_sql(f"SELECT pg_advisory_unlock({SCHEMA_LOCK_KEY})")
+        return
+    database = engine.url.database
+    if engine.dialect.name != "sqlite" or not database or database == ":memory:":
+        yield
+        return
+    import fcntl
+
+    try:
+        lock = open(f"{database}.lock", "a")  # noqa: SIM115 (closed below)
+    except OSError:  # a read-only folder: nobody can create the schema there either
+        yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+_BROKEN = (
+    ("file is not a database", "is not a SQLite database (a corrupt file, or another kind of file)", "restore it"),
+    ("database disk image is malformed", "is corrupt or truncated (database disk image is malformed)", "restore it"),
+    ("attempt to write a readonly database", "is read-only (attempt to write a readonly database)", "make it writable"),
+    ("unable to open database file", "cannot be opened (unable to open database file)", "check its folder"),
+)
+"""(what the database says, what it means, what to do) for errors no retry cures."""
+
+
+def explain(e: BaseException, engine: sa.Engine) -> LedgerError | None:
+    """A one-line LedgerError, naming the ledger, for a database error that no retry cures
+    and a user can act on (a corrupt, truncated or read-only ledger); None for others."""
+    text = str(e.orig if isinstance(e, sa.exc.DBAPIError) else e).lower()
+    for needle, what, todo in _BROKEN:
+        if needle in text:
+            return LedgerError(f"the ledger at {_shown(engine)} {what}: {todo}, or point --db / --workdir at another one")
+    return None
+
+
+@contextlib.contextmanager
+def explained(engine: sa.Engine) -> Iterator[None]:
+    """Database errors inside become one-line LedgerErrors naming the ledger (`explain`)."""
+    try:
+        yield
+    except sa.exc.DBAPIError as e:
+        raise explain(e, engine) or LedgerError(f"cannot use the ledger at {_shown(engine)}: {e.orig}") from None
+
+
+def _shown(engine: sa.Engine) -> str:
+    return engine.url.render_as_string(hide_password=True)

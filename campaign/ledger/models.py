@@ -1,5 +1,5 @@
-"""Ledger rows (SQLAlchemy 2 typed ORM). Migrations live in `migrations/`; queries in
-`campaign.ledger.queries`.
+"""Ledger rows (SQLAlchemy 2 typed ORM). Migrations live in `migrations/`; read models in
+`campaign.ledger.reads`, units of work in `campaign.ledger.writes`.
 
     campaign 1─* stage_run 1─* attempt 1─* step_metric
                                       1─* checkpoint
@@ -21,6 +21,8 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from campaign import names
+
 # Alembic batch mode on SQLite recreates tables and needs named constraints.
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -33,6 +35,17 @@ NAMING = {
 
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+def db_utcnow(s: Any) -> dt.datetime:
+    """The ledger's own clock (naive UTC) in session `s`: on PostgreSQL the server's, which
+    every driver on every host shares, so a lease's age does not depend on which host's clock
+    is right; on SQLite (in-process) this host's, as `utcnow`."""
+    if s.get_bind().dialect.name == "postgresql":
+        from sqlalchemy import text
+
+        return s.scalar(text("SELECT (now() AT TIME ZONE 'UTC')::timestamp"))  # type: ignore[no-any-return]
+    return utcnow()
 
 
 class Base(DeclarativeBase):
@@ -50,7 +63,7 @@ class Campaign(Timestamped, Base):
 
     __tablename__ = "campaign"
     id: Mapped[int] = mapped_column(primary_key=True)
-    name: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(names.MAX_LENGTH), unique=True)
     version: Mapped[int] = mapped_column(default=1)
     spec_digest: Mapped[str] = mapped_column(String(64))
     spec_json: Mapped[dict[str, Any]]
@@ -61,6 +74,8 @@ class Campaign(Timestamped, Base):
     workdir: Mapped[str] = mapped_column(Text)
     # pending | running | succeeded | failed | cancelled
     state: Mapped[str] = mapped_column(String(16), default="pending")
+    # Where the wall time went (campaign.goodput), updated at each attempt's and stage's end.
+    goodput: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     stage_runs: Mapped[list[StageRun]] = relationship(back_populates="campaign", order_by="StageRun.position")
 
 
@@ -73,7 +88,7 @@ class StageRun(Timestamped, Base):
     campaign_id: Mapped[int] = mapped_column(ForeignKey("campaign.id", ondelete="CASCADE"), index=True)
     version: Mapped[int] = mapped_column(default=1)
     position: Mapped[int]
-    name: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(names.MAX_LENGTH))
     kind: Mapped[str] = mapped_column(String(32))
     # pending | running | passed | failed | skipped
     state: Mapped[str] = mapped_column(String(16), default="pending")
@@ -85,6 +100,7 @@ class StageRun(Timestamped, Base):
     last_loss: Mapped[float | None] = mapped_column(Float)
     started: Mapped[dt.datetime | None]
     finished: Mapped[dt.datetime | None]
+    goodput: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     campaign: Mapped[Campaign] = relationship(back_populates="stage_runs")
     attempts: Mapped[list[Attempt]] = relationship(back_populates="stage_run", order_by="Attempt.number")
 
@@ -115,6 +131,7 @@ class Attempt(Timestamped, Base):
     summary: Mapped[dict[str, Any]] = mapped_column(default=dict)
     started: Mapped[dt.datetime] = mapped_column(default=utcnow)
     finished: Mapped[dt.datetime | None]
+    goodput: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     stage_run: Mapped[StageRun] = relationship(back_populates="attempts")
 
 

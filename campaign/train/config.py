@@ -8,9 +8,36 @@ pydantic, so the CLI can validate a spec without importing torch.
 
 from __future__ import annotations
 
+import re
+import string
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+PLACEHOLDERS = ("python", "config", "run_dir", "checkpoint_dir", "max_steps", "max_tokens", "resume",
+                "checkpoint_every", "checkpoint_at", "attempt", "hostfile", "spec_dir")
+"""What `trainer.command` may name in braces (docs/trainer-contract.md, "Command line")."""
+RESUME_PLACEHOLDERS = ("resume_path", "resume_step")
+"""What `trainer.resume_args` may name besides PLACEHOLDERS."""
+DEFAULT_COMMAND = ("{python}", "-m", "campaign.train", "--config", "{config}")
+"""The built-in trainer; `{python}` is the interpreter of the supervisor that starts it."""
+
+
+def placeholders(arg: str) -> list[str]:
+    """The `{name}` placeholders of one argument (`{{` and `}}` are literal braces)."""
+    return [name for _, name, _, _ in string.Formatter().parse(arg) if name is not None]
+
+
+def _check_template(field: str, args: list[str], known: tuple[str, ...]) -> None:
+    for i, arg in enumerate(args):
+        try:
+            names = placeholders(arg)
+        except ValueError as e:
+            raise ValueError(f"trainer.{field}[{i}]: {e} in {arg!r} (write {{{{ and }}}} for literal braces)") from None
+        for name in names:
+            if name not in known:
+                raise ValueError(f"trainer.{field}[{i}]: unknown placeholder {{{name}}} in {arg!r}; "
+                                 f"known: {', '.join('{' + k + '}' for k in known)}")
 
 
 class _Strict(BaseModel):
@@ -61,12 +88,49 @@ class DataConfig(_Strict):
         return self
 
 
+class CheckpointLayout(_Strict):
+    """Where a trainer of your own writes its checkpoints, and when one is complete."""
+
+    glob: str
+    """Checkpoint files or folders, relative to the attempt's checkpoint directory (e.g. `ckpt_*.pt`)."""
+    step_pattern: str = r"(?P<step>\d+)"
+    """Regex on the name that gives the step (named group `step`; default: the first number)."""
+    complete: Literal["exists", "zip", "marker"] = "zip"
+    """`zip`: a `torch.save` file whose zip directory is intact (a save cut short is not);
+    `exists`: any match; `marker`: a folder holding the file `marker`."""
+    marker: str = ".complete"
+    """The file that marks a checkpoint folder complete (with `complete: marker`)."""
+
+    @field_validator("step_pattern")
+    @classmethod
+    def _has_step(cls, v: str) -> str:
+        try:
+            groups = re.compile(v).groupindex
+        except re.error as e:
+            raise ValueError(f"trainer.checkpoints.step_pattern: not a regular expression ({e})") from None
+        if "step" not in groups:
+            raise ValueError("trainer.checkpoints.step_pattern: needs a named group (?P<step>...)")
+        return v
+
+
 class TrainConfig(_Strict):
     """How to train: parallelism, batch, optimizer, precision, checkpoints."""
 
     command: list[str] | None = None
-    """Your own trainer, as an argv list (e.g. [python, my_train.py]); it must honour the
-    trainer contract (docs/trainer-contract.md). Default: the built-in trainer."""
+    """Your own trainer, as an argument template (e.g. [python, train.py, --steps, "{max_steps}"]);
+    nothing is appended; relative `.py`/`.sh` and `./` paths are resolved against the campaign
+    file's folder (docs/trainer-contract.md). Default: the built-in trainer."""
+    progress: Literal["metrics", "stdout"] = "metrics"
+    """`metrics`: the trainer writes metrics.jsonl (campaign.report); `stdout`: the supervisor
+    reads rank 0's output with `step_pattern` and writes the rows for it (an unmodified script)."""
+    step_pattern: str | None = None
+    """With `progress: stdout`: a regex with named groups `step` and `loss` (optional `tokens`,
+    `step_time`), matched against each line of rank 0's output."""
+    checkpoints: CheckpointLayout | None = None
+    """Your trainer's own checkpoint layout (default: `step-NNNNNNNN/` folders with `.complete`)."""
+    resume_args: list[str] = []
+    """Arguments appended when an attempt resumes from a complete checkpoint, e.g. [--resume,
+    "{resume_path}"]; `{resume_step}` is its step."""
     parallelism: Literal["ddp", "fsdp"] = "ddp"
     """Data parallelism: DDP, or FSDP2 (`fully_shard`)."""
     micro_batch_size: int = Field(default=4, ge=1)
@@ -97,23 +161,51 @@ class TrainConfig(_Strict):
     """Device type; `auto` picks cuda, then xpu, then cpu."""
     backend: Literal["auto", "gloo", "nccl", "xccl", "ccl"] = "auto"
     """torch.distributed backend; `auto` follows the device."""
-    deterministic: bool = True
-    """Deterministic kernels and seeds, so resumed runs can be compared bit for bit."""
+    deterministic: bool | Literal["auto"] = "auto"
+    """Deterministic kernels, so resumed runs can be compared bit for bit (slower on GPUs).
+    `auto`: the stage decides: true for `resume_test`, false for the others (nothing else
+    compares losses bit for bit); a trainer run by hand takes true."""
     seed: int = 0
     """Seed of model initialisation and dropout."""
     checkpoint_every: int = Field(default=0, ge=0)
     """Save a checkpoint every this many steps (0: only where a stage asks for one)."""
+    checkpoint_async: bool | Literal["auto"] = "auto"
+    """Write checkpoints in the background (DCP async_save, pinned-memory staging on CUDA):
+    training stops only for the copy into CPU memory. `auto`: on CUDA, not elsewhere."""
     keep_last: int = Field(default=3, ge=1)
     """Complete checkpoints to keep."""
     log_every: int = Field(default=1, ge=1)
     """Write a metrics line every this many steps."""
+
+    @model_validator(mode="after")
+    def _own_trainer(self) -> TrainConfig:
+        _check_template("command", self.command or [], PLACEHOLDERS)
+        _check_template("resume_args", self.resume_args, PLACEHOLDERS + RESUME_PLACEHOLDERS)
+        if self.progress == "stdout":
+            if not self.step_pattern:
+                raise ValueError("trainer.step_pattern is required with progress: stdout")
+            try:
+                groups = re.compile(self.step_pattern).groupindex
+            except re.error as e:
+                raise ValueError(f"trainer.step_pattern: not a regular expression ({e})") from None
+            lacking = [g for g in ("step", "loss") if g not in groups]
+            if lacking:
+                raise ValueError(f"trainer.step_pattern: needs the named group(s) {', '.join(lacking)} "
+                                 "(e.g. (?P<step>\\d+))")
+        elif self.step_pattern:
+            raise ValueError("trainer.step_pattern: only read with progress: stdout")
+        if self.command is None and (self.progress != "metrics" or self.checkpoints or self.resume_args):
+            raise ValueError("trainer.command: progress, checkpoints and resume_args describe a trainer of your "
+                             "own; name its command")
+        return self
 
 
 class Fault(_Strict):
     """A deliberate fault, for tests and drills only (needs CAMPAIGN_ALLOW_FAULTS=1)."""
 
     kind: Literal[
-        "hang", "hang_in_collective", "crash", "slow", "sigkill", "data_off_by_one", "nonfinite"
+        "hang", "hang_in_collective", "crash", "slow", "sigkill", "data_off_by_one", "nonfinite",
+        "sigkill_in_checkpoint",
     ]
     """What goes wrong (`nonfinite`: the rank's loss becomes NaN at `step`, test-only)."""
     step: int = Field(ge=1)
@@ -141,6 +233,8 @@ class RunConfig(_Strict):
     """Where `step-NNNNNNNN/` checkpoints live (shared across a stage's attempts)."""
     checkpoint_at: list[int] = []
     """Extra steps at which to save a checkpoint."""
+    checkpoint_final: bool = True
+    """Save a checkpoint after the last step (false in stages that never resume from it)."""
     resume: bool = True
     """Resume from the newest complete checkpoint in checkpoint_dir, if any."""
     deadline_unix: float | None = None

@@ -64,7 +64,12 @@ def make_source(cfg) -> MarkovSource | FileSource:  # cfg: config.DataConfig
 
 
 class Sampler:
-    """Batches by position: micro-step m of rank r starts at position + (m*W + r) * B."""
+    """Batches by position: micro-step m of rank r starts at position + (m*W + r) * B.
+
+    `prefetch(m)` reads the batch that follows micro-step m (the next micro-step's, or the
+    next step's first) while the device still computes, as nanoGPT's train.py does; `batch`
+    uses it when the position still matches, so what a step trains on never depends on it.
+    """
 
     def __init__(self, source, seq_len: int, micro_batch: int, rank: int, world: int,
                  grad_accum: int, device: torch.device) -> None:
@@ -72,18 +77,31 @@ class Sampler:
         self.rank, self.world, self.grad_accum, self.device = rank, world, grad_accum, device
         self.position = 0
         """Samples consumed by all ranks so far (saved in checkpoints)."""
+        self._ahead: tuple[tuple[int, int], torch.Tensor] | None = None
 
     @property
     def samples_per_step(self) -> int:
         return self.micro_batch * self.world * self.grad_accum
 
     def batch(self, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-        first = self.position + (micro * self.world + self.rank) * self.micro_batch
+        key = (self.position, micro)
+        t = self._ahead[1] if self._ahead is not None and self._ahead[0] == key else self._read(*key)
+        self._ahead = None
+        return t[:, :-1], t[:, 1:]
+
+    def prefetch(self, micro: int) -> None:
+        """Read the batch after micro-step `micro` of the current step now."""
+        key = ((self.position, micro + 1) if micro + 1 < self.grad_accum
+               else (self.position + self.samples_per_step, 0))
+        self._ahead = (key, self._read(*key))
+
+    def _read(self, position: int, micro: int) -> torch.Tensor:
+        first = position + (micro * self.world + self.rank) * self.micro_batch
         rows = [self.source.sample(first + i, self.seq_len + 1) for i in range(self.micro_batch)]
         t = torch.from_numpy(np.stack(rows))
         if self.device.type != "cpu":
             t = t.pin_memory().to(self.device, non_blocking=True)
-        return t[:, :-1], t[:, 1:]
+        return t
 
     def advance(self) -> None:
         self.position += self.samples_per_step

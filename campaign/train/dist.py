@@ -1,7 +1,7 @@
 """The one module that reads the distributed environment (like nanochat's compute_init).
 
 Rank, world size, local rank and the device index come from `campaign.train.placement`
-(stdlib only, shared with the orchestrator's dry run): torchrun, PALS, MPICH Hydra,
+(stdlib only, shared with the driver's dry run): torchrun, PALS, MPICH Hydra,
 Open MPI or Slurm (srun with --mpi=none/pmi2/pmix) variables; none of them: a single
 process. The device index honours what the launcher or a wrapper left visible (one
 visible GPU: device 0). MASTER_ADDR: the environment, else the first line of
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 from dataclasses import dataclass
 
 import torch
@@ -113,11 +112,9 @@ def init(device: str = "auto", backend: str = "auto", timeout_s: float = 1800) -
 
 def startup_check(env: DistEnv) -> dict:
     """Gather every rank's identity and all-reduce rank+1 (SUM); the startup.json document."""
-    me = {"rank": env.rank, "local_rank": env.local_rank, "node": env.node,
-          "host": socket.gethostname(), "device": str(env.device)}
     ranks: list = [None] * env.world_size
-    dist.all_gather_object(ranks, me)
-    t = torch.tensor([float(env.rank + 1)], dtype=torch.float64, device=env.device)
+    dist.all_gather_object(ranks, report.rank_identity(env.rank, env.local_rank, env.device))
+    t = torch.tensor([report.allreduce_input(env.rank)], dtype=torch.float64, device=env.device)
     dist.all_reduce(t)
     w = env.world_size
     return {"world_size": w, "ranks": ranks,

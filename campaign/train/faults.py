@@ -10,6 +10,9 @@
 - data_off_by_one    after a resume from a checkpoint of step >= S, shift the data by one
                      sample (so a resume test can be shown to catch it)
 - nonfinite          the rank's loss at step S becomes NaN (exercises exit 94)
+- sigkill_in_checkpoint  SIGKILL itself when its shards of the checkpoint of step S start
+                     being written (with async checkpoints: in the background, after
+                     training went on), so that checkpoint never becomes complete
 
 Hangs poll the SIGTERM flag and exit 143 when it is set; SIGKILL always works.
 """
@@ -77,6 +80,12 @@ class Faults:
             # The normal step time, taken once: later steps include the slow-down itself.
             self._slow_base = self._slow_base or last_step_s
             time.sleep((f.factor - 1.0) * self._slow_base)
+
+    def in_checkpoint(self, step: int) -> None:
+        """Called by the thread that writes this rank's shards of the checkpoint of `step`."""
+        if self._at("sigkill_in_checkpoint", step) is not None:
+            print(f"campaign.train: fault sigkill_in_checkpoint at step {step}", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def nonfinite(self, step: int) -> bool:
         return self._at("nonfinite", step) is not None

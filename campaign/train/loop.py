@@ -11,7 +11,9 @@ import math
 import os
 import random
 import resource
+import sys
 import time
+import traceback
 from dataclasses import dataclass
 
 import torch
@@ -43,8 +45,20 @@ def use_bf16(t: TrainConfig, device: torch.device) -> bool:
     return t.precision == "bf16" or (t.precision == "auto" and device.type != "cpu")
 
 
+def exact(t: TrainConfig) -> bool:
+    """Deterministic kernels: `auto` reaches the trainer only when it is run by hand (the
+    stages resolve it), and then means exact, as resume comparisons need."""
+    return t.deterministic is not False
+
+
+def save_async(t: TrainConfig, device: torch.device) -> bool:
+    """`auto`: on CUDA (measured there); on CPU the background writer would compete with
+    training for the same cores, and tests want a checkpoint complete once it is reported."""
+    return t.checkpoint_async is True or (t.checkpoint_async == "auto" and device.type == "cuda")
+
+
 def seed_everything(t: TrainConfig, device: torch.device) -> None:
-    if t.deterministic:
+    if exact(t):
         if device.type == "cuda":
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         # On CPU and CUDA every op we use has a deterministic variant (on CUDA, SDPA then
@@ -64,6 +78,8 @@ class Trainer:
     sched: torch.optim.lr_scheduler.LambdaLR
     sampler: Sampler
     comm: CommTimer
+    autocast: bool
+    """bf16 from torch.autocast (no wrapper, DDP) rather than FSDP2's mixed-precision policy."""
     flops_per_token: float
     device_name: str | None
 
@@ -75,9 +91,10 @@ def build(cfg: TrainerConfig, env: DistEnv) -> Trainer:
     with torch.device(env.device):
         model = GPT(shape)
     n_params = model.num_params()
-    model, comm = parallelize(model, parallelism=t.parallelism, device=env.device,
-                              compile=t.compile, activation_checkpointing=t.activation_checkpointing,
-                              bf16=use_bf16(t, env.device))
+    par = parallelize(model, parallelism=t.parallelism, device=env.device, compile=t.compile,
+                      activation_checkpointing=t.activation_checkpointing,
+                      bf16=use_bf16(t, env.device), world_size=env.world_size)
+    model = par.model
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     optim = torch.optim.AdamW(
@@ -87,7 +104,7 @@ def build(cfg: TrainerConfig, env: DistEnv) -> Trainer:
     sampler = Sampler(make_source(cfg.data), shape.seq_len, t.micro_batch_size, env.rank,
                       env.world_size, t.grad_accum, env.device)
     fpt = flops.flops_per_token(n_params, shape.n_layer, shape.n_head, shape.head_dim, shape.seq_len)
-    return Trainer(model, optim, sched, sampler, comm, fpt, flops.device_name(env.device))
+    return Trainer(model, optim, sched, sampler, par.comm, par.autocast, fpt, flops.device_name(env.device))
 
 
 def _sync(device: torch.device) -> None:
@@ -120,15 +137,39 @@ def _float(x) -> float:
 
 
 def train(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag) -> int:
-    t, run = cfg.train, cfg.run
     tr = build(cfg, env)
+    faults = Faults(cfg.faults, rank=env.rank, node=env.node, attempt=cfg.run.attempt, should_stop=stop)
+    saves: list[checkpoint.Saved] = []
+
+    def on_saved(s: checkpoint.Saved) -> None:
+        saves.append(s)
+        rep.event("checkpoint_saved", s.step, path=s.path, seconds=s.seconds, stall_s=s.stall_s,
+                  asynchronous=s.asynchronous, tokens=s.tokens)
+
+    saver = checkpoint.Saver(cfg.run.checkpoint_dir, device=env.device, keep_last=cfg.train.keep_last,
+                             asynchronous=save_async(cfg.train, env.device), on_saved=on_saved,
+                             before_write=faults.in_checkpoint)
+    try:
+        code = _loop(cfg, env, rep, stop, tr, faults, saver, saves)
+    except BaseException:
+        if saver.in_flight:  # its writer thread may sit in a collective and keep us alive
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(report.EXIT_SIGTERM if stop() else 1)
+        raise
+    saver.close()
+    return code
+
+
+def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag, tr: Trainer,
+          faults: Faults, saver: checkpoint.Saver, saves: list[checkpoint.Saved]) -> int:
+    t, run = cfg.train, cfg.run
     model, optim, sampler = tr.model, tr.optim, tr.sampler
-    faults = Faults(cfg.faults, rank=env.rank, node=env.node, attempt=run.attempt, should_stop=stop)
     W, A = env.world_size, t.grad_accum
     autocast = (torch.autocast(env.device.type, dtype=torch.bfloat16)
-                if use_bf16(t, env.device) and t.parallelism == "ddp" else contextlib.nullcontext())
+                if use_bf16(t, env.device) and tr.autocast else contextlib.nullcontext())
 
-    step, tokens, last_save_s, step_s = 0, 0, 0.0, 0.0
+    step, tokens, step_s = 0, 0, 0.0
     meta = None
     if run.resume:
         rep.phase("checkpoint", 0)
@@ -164,27 +205,35 @@ def train(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
                     faults.before_collective(step, rep)
                     rep.phase("collective", step)  # the backward below all-reduces gradients
                 loss.backward()
+            sampler.prefetch(micro)  # on an accelerator the backward still runs: read ahead
             loss_sum += loss.detach()
         if faults.nonfinite(step):
             loss_sum = loss_sum * float("nan")
         # One small collective carries the loss and every rank's stop requests.
         # Margin: 2 x the last save time (2 s assumed before the first save) + 2 step times.
+        last_save_s = saves[-1].seconds if saves else 2.0
         deadline_near = (run.deadline_unix is not None
-                         and time.time() + 2 * (last_save_s or 2.0) + 2 * step_s
+                         and time.time() + 2 * last_save_s + 2 * step_s
                          >= run.deadline_unix)
         vec = torch.stack([loss_sum.float(), torch.tensor(float(stop()), device=env.device),
                            torch.tensor(float(deadline_near), device=env.device)])
         dist.all_reduce(vec)
-        loss_val, term_any, deadline_any = (vec[0] / W).item(), vec[1].item() > 0, vec[2].item() > 0
+        # The update is queued before the loss is read, so the host waits once per step (at
+        # the read) rather than idling the device between backward and optimizer. A
+        # non-finite loss still ends the run before anything is saved or reported.
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.max_grad_norm or math.inf)
+        lr = optim.param_groups[0]["lr"]
+        saver.before_update()  # an async save's copy of the state must be finished
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        tr.sched.step()
+        # One read waits for the collectives (still phase "collective"); the mean in float32, as before.
+        loss_val, term, dead = (vec / W).tolist()
+        term_any, deadline_any = term > 0, dead > 0
         if not math.isfinite(loss_val):
             rep.event("nonfinite_loss", step, loss=loss_val)
             return report.EXIT_NONFINITE
         rep.phase("compute", step)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.max_grad_norm or math.inf)
-        lr = optim.param_groups[0]["lr"]
-        optim.step()
-        optim.zero_grad(set_to_none=True)
-        tr.sched.step()
         sampler.advance()
         tokens += tokens_per_step
         _sync(env.device)
@@ -199,24 +248,25 @@ def train(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
         else:
             tr.comm.pop()
         if term_any:
+            _drain(saver, rep, step)
             return report.EXIT_SIGTERM
-        if (final or deadline_any or step in run.checkpoint_at
+        if ((final and run.checkpoint_final) or deadline_any or step in run.checkpoint_at
                 or (t.checkpoint_every and step % t.checkpoint_every == 0)):
-            last_save_s = _save(cfg, env, rep, tr, step, tokens)
+            rep.phase("checkpoint", step)
+            saver.save(step=step, tokens=tokens, data_position=sampler.position, model=model,
+                       optim=optim, sched=tr.sched)
+        saver.poll()
         if deadline_any:
+            _drain(saver, rep, step)
             rep.event("deadline", step, deadline_unix=run.deadline_unix)
             return report.EXIT_SIGTERM
+    _drain(saver, rep, step)
     rep.event("done", step, tokens=tokens)
     return report.EXIT_OK
 
 
-def _save(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, tr: Trainer, step: int,
-          tokens: int) -> float:
-    rep.phase("checkpoint", step)
-    t0 = time.perf_counter()
-    path = checkpoint.save(cfg.run.checkpoint_dir, step=step, tokens=tokens,
-                           data_position=tr.sampler.position, model=tr.model, optim=tr.optim,
-                           sched=tr.sched, device=env.device, keep_last=cfg.train.keep_last)
-    seconds = time.perf_counter() - t0
-    rep.event("checkpoint_saved", step, path=path, seconds=seconds, tokens=tokens)
-    return seconds
+def _drain(saver: checkpoint.Saver, rep: report.Reporter, step: int) -> None:
+    """Wait for the save in flight (its data durable, `.complete` written) before exiting."""
+    if saver.in_flight:
+        rep.phase("checkpoint", step)
+        saver.wait()

@@ -1,8 +1,16 @@
 """Apply parallelism to the single-device model, in one place and in a fixed order.
 
-Order (as torchtitan's parallelize.py): 1. activation checkpointing, 2. torch.compile (per
-block, in place, so state-dict keys do not change), 3. data parallelism: DDP, or FSDP2
-(`fully_shard` per block, then the root) with a bf16 MixedPrecisionPolicy on accelerators.
+Order (as torchtitan's parallelize.py): 1. activation checkpointing, 2. torch.compile (in
+place, so state-dict keys do not change), 3. data parallelism: DDP, or FSDP2 (`fully_shard`
+per block, then the root) with a bf16 MixedPrecisionPolicy on accelerators.
+
+One rank has no gradients to reduce: at world size 1 the model is not wrapped (neither DDP
+nor FSDP2, whichever is configured), it is compiled whole rather than block by block (one
+graph, fused across block boundaries, one guard check per step instead of one per block),
+and bf16 comes from autocast. Measured against nanoGPT on one H200 in
+benchmarks/vs_nanogpt.py. With several ranks, blocks are compiled one by one: DDP overlaps
+each bucket's all-reduce with the backward of the blocks before it only if each block's
+backward is its own autograd node, and FSDP2 shards per block (torchtitan does the same).
 
 Communication time (`CommTimer`): with DDP, a comm hook launches each gradient bucket's
 all-reduce and records its duration: on NCCL from CUDA events (TORCH_NCCL_ENABLE_TIMING=1,
@@ -14,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -58,13 +67,33 @@ def _timed_allreduce_hook(timer, bucket):  # no annotations: DDP checks them as 
     return work.get_future().then(done)
 
 
+@dataclass
+class Parallel:
+    """The model as the loop runs it."""
+
+    model: nn.Module
+    comm: CommTimer
+    wrapper: str
+    """"none" (one rank), "ddp" or "fsdp"."""
+
+    @property
+    def autocast(self) -> bool:
+        """Whether bf16 must come from torch.autocast (FSDP2's policy casts by itself)."""
+        return self.wrapper != "fsdp"
+
+
 def parallelize(model: nn.Module, *, parallelism: str, device: torch.device, compile: bool,
-                activation_checkpointing: bool, bf16: bool) -> tuple[nn.Module, CommTimer]:
-    """Returns the wrapped model and its CommTimer. `model` must already be on `device`."""
+                activation_checkpointing: bool, bf16: bool, world_size: int | None = None) -> Parallel:
+    """`model` must already be on `device`; `world_size` defaults to the process group's."""
     timer = CommTimer()
+    world = world_size if world_size is not None else dist.get_world_size()
     # 1. Activation checkpointing: each block's activations are recomputed in backward.
     if activation_checkpointing:
         model.activation_checkpointing = True
+    if world == 1:
+        if compile:
+            model.compile()
+        return Parallel(model, timer, "none")  # no gradient collective: its time is 0, known
     # 2. Compile each block in place (nn.Module.compile keeps parameter names), and the
     #    output (norm, head, loss).
     if compile:
@@ -81,7 +110,7 @@ def parallelize(model: nn.Module, *, parallelism: str, device: torch.device, com
             fully_shard(block, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
         timer.enabled = False
-        return model, timer
+        return Parallel(model, timer, "fsdp")
     # The model's buffers (rotary tables) are constants: no per-forward buffer broadcast,
     # which would also be a collective hidden inside the forward pass.
     no_sync = ({"forward_sync_buffers": False}
@@ -90,4 +119,4 @@ def parallelize(model: nn.Module, *, parallelism: str, device: torch.device, com
     ddp = DDP(model, device_ids=[device.index] if device.type != "cpu" else None,
               gradient_as_bucket_view=True, **no_sync)
     ddp.register_comm_hook(timer, _timed_allreduce_hook)
-    return ddp, timer
+    return Parallel(ddp, timer, "ddp")

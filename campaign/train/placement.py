@@ -1,6 +1,6 @@
 """Where a rank runs: its rank numbers from the launcher's variables, and its device.
 
-One pure function, standard library only (the orchestrator imports it without torch):
+One pure function, standard library only (the driver imports it without torch):
 
     p = placement(os.environ, visible_devices=torch.cuda.device_count(), device_type="cuda")
     torch.cuda.set_device(p.device_index)

@@ -73,20 +73,20 @@ def tiny_spec(name: str, stages: list[dict[str, Any]], *, nodes: int = 3, **site
 
 def ledger_view(ws: Workspace, name: str) -> dict[str, Any]:
     """Attempts, exclusions and events of the campaign, read from the ledger."""
-    from campaign.ledger import queries as q
+    from campaign.ledger import reads
 
     ledger = ws.ledger()
     try:
         with ledger.session() as s:
-            c = q.get_campaign(s, name)
+            c = reads.get_campaign(s, name)
             assert c is not None
-            run = q.current_stage_runs(s, c)[0]
+            run = reads.current_stage_runs(s, c)[0]
             attempts = [{"state": a.state, "exit_code": a.exit_code, "nodes": a.nodes, "first_step": a.first_step,
                          "last_step": a.last_step, "suspects": a.suspects, "summary": a.summary,
-                         "steps": [(m.step, m.tokens) for m in q.list_steps(s, a.id)]} for a in run.attempts]
+                         "steps": [(m.step, m.tokens) for m in reads.list_steps(s, a.id)]} for a in run.attempts]
             exclusions = [{"node": e.node, "reason": e.reason, "evidence": e.evidence, "expires": e.expires}
-                          for e in q.list_exclusions(s, "local")]
-            events = [(e.kind, e.message) for e in q.list_events(s, c)]
+                          for e in reads.list_exclusions(s, "local")]
+            events = [(e.kind, e.message) for e in reads.list_events(s, c)]
             return {"attempts": attempts, "exclusions": exclusions, "events": events, "stage": run.state,
                     "verdict": run.verdict, "tokens": run.tokens}
     finally:

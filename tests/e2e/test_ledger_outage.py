@@ -49,15 +49,15 @@ def run_through(ws: Workspace, name: str, outage: Callable[[], None], **env: str
 def rows_in_ledger(url: str, name: str) -> tuple[int, int]:
     """(step rows of the campaign in the ledger, steps reported in every metrics.jsonl)."""
     from campaign.ledger import open_ledger
-    from campaign.ledger import queries as q
+    from campaign.ledger import reads
 
     ledger = open_ledger(url, create=False)
     try:
         with ledger.session() as s:
-            c = q.get_campaign(s, name)
+            c = reads.get_campaign(s, name)
             assert c is not None
-            attempts = [a for _, a in q.list_attempts(s, c)]
-            stored = sum(len(q.list_steps(s, a.id)) for a in attempts)
+            attempts = [a for _, a in reads.list_attempts(s, c)]
+            stored = sum(len(reads.list_steps(s, a.id)) for a in attempts)
             reported = sum(len(Path(a.run_dir, "metrics.jsonl").read_text().splitlines()) for a in attempts)
             return stored, reported
     finally:

@@ -3,6 +3,7 @@ whole example campaign as a newcomer runs it."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ def loss_stage(reference: dict[str, object]) -> dict[str, object]:
 def test_loss_check_against_recorded_reference_and_shifted_csv(ws: Workspace) -> None:
     a = ws.write_spec(tiny_spec("ref", [loss_stage({"record": True})], nodes=2), "ref.yaml")
     assert ws.cli("submit", str(a)).code == 0
+    assert not list((ws.workdir / "ref" / "loss").glob("checkpoints-*/step-*")), "nothing resumes a loss check"
     b = ws.write_spec(tiny_spec("same", [loss_stage({"stage_run": "ref/loss"})], nodes=2), "same.yaml")
     r = ws.cli("submit", str(b))
     assert r.code == 0, r.out + r.err
@@ -26,11 +28,11 @@ def test_loss_check_against_recorded_reference_and_shifted_csv(ws: Workspace) ->
     assert same["state"] == "passed" and "difference +0.0000" in same["verdict"]
 
     ledger = ws.ledger()
-    from campaign.ledger import queries as q
+    from campaign.ledger import reads
 
     with ledger.session() as s:
-        run = q.get_stage_run(s, "ref", "loss")
-        rows = q.list_steps(s, run.attempts[0].id)
+        run = reads.get_stage_run(s, "ref", "loss")
+        rows = reads.list_steps(s, run.attempts[0].id)
         curve = [(m.step, m.loss + 0.2) for m in rows]
     ledger.close()
     (ws.root / "shifted.csv").write_text("step,loss\n" + "".join(f"{st},{lo!r}\n" for st, lo in curve))
@@ -47,11 +49,11 @@ def test_scaling_records_one_row_per_node_count(ws: Workspace) -> None:
     spec = ws.write_spec(tiny_spec("scale", [stage], nodes=2))
     r = ws.cli("submit", str(spec))
     assert r.code == 0, r.out + r.err
-    from campaign.ledger import queries as q
+    from campaign.ledger import reads
 
     ledger = ws.ledger()
     with ledger.session() as s:
-        run = q.get_stage_run(s, "scale", "scale")
+        run = reads.get_stage_run(s, "scale", "scale")
         table = run.numbers["table"]
         labels = [a.label for a in run.attempts]
     ledger.close()
@@ -63,6 +65,10 @@ def test_scaling_records_one_row_per_node_count(ws: Workspace) -> None:
     assert abs(table[1]["last_loss"] - table[0]["last_loss"]) < 0.01, "strong scaling follows the same curve"
     assert labels == ["1 node(s)", "2 node(s)"]
     assert "scaling table" in r.out
+    stage_dir = ws.workdir / "scale" / "scale"
+    assert not list(stage_dir.glob("checkpoints-*/step-*")), "scaling never resumes: no final checkpoint"
+    cfg = json.loads((stage_dir / "attempt-001" / "trainer.json").read_text())
+    assert cfg["run"]["checkpoint_final"] is False and cfg["train"]["deterministic"] is False
 
 
 def resume_stage(**over: object) -> dict[str, object]:
@@ -77,6 +83,13 @@ def test_resume_test_is_bit_exact_and_catches_an_off_by_one(ws: Workspace) -> No
     r = ws.cli("submit", str(good))
     assert r.code == 0, r.out + r.err
     assert "SIGKILL: resumed from step 6, equal bit for bit" in ws.status("resume-ok")["stages"][0]["verdict"]
+    stage_dir = ws.workdir / "resume-ok" / "resume"
+    configs = [json.loads(p.read_text()) for p in sorted(stage_dir.glob("attempt-*/trainer.json"))]
+    assert [c["train"]["deterministic"] for c in configs] == [True, True, True], "auto: exact in the resume test"
+    assert [c["run"]["checkpoint_final"] for c in configs] == [False, True, False]
+    from campaign import report
+
+    assert [c["step"] for c in report.list_checkpoints(stage_dir / "checkpoints-sigkill")] == [6]
 
     fault = [{"kind": "data_off_by_one", "step": 1, "attempt": 3}]
     bad = ws.write_spec(tiny_spec("resume-bad", [resume_stage(faults=fault)], nodes=2), "bad.yaml")
@@ -118,8 +131,12 @@ def test_local_example_passes_all_five_stages(ws: Workspace) -> None:
         assert st["state"] == "passed", st
         assert st["tokens"] > 0 and st["last_loss"] is not None and st["verdict"]
     assert {"name", "state", "stages", "excluded_nodes"} <= set(status), "the skeleton's --json shape stays"
-    assert all(set(st) == {"name", "kind", "state", "attempts", "tokens", "last_loss", "verdict"}
-               for st in status["stages"])
+    # keys are added (goodput, checkpoint_interval), never changed
+    assert all(set(st) == {"name", "kind", "state", "attempts", "tokens", "last_loss", "verdict", "goodput",
+                           "checkpoint_interval"} for st in status["stages"])
+    for part in (status, *status["stages"]):
+        g = part["goodput"]
+        assert g["productive_s"] > 0 and abs(g["productive_s"] + sum(g["lost"].values()) - g["wall_s"]) < 0.05, g
     again = ws.cli("submit", str(REPO / "examples" / "local.yaml"))
     assert again.code == 0 and again.out.count("passed earlier") == 5, "same file again: nothing reruns"
     assert Path(ws.workdir / "ledger.db").exists()

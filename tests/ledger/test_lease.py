@@ -15,15 +15,15 @@ from campaign import lease as lease_mod
 from campaign.errors import CampaignConflict
 from campaign.lease import DriverLease
 from campaign.ledger import Ledger, open_ledger
-from campaign.ledger import queries as q
+from campaign.ledger import reads, writes
 from campaign.ledger.models import Lease, utcnow
 
 
 @pytest.fixture
 def campaign_id(ledger: Ledger) -> int:
     with ledger.session() as s:
-        c = q.create_campaign(s, name="leased", digest="d", spec_json={}, source="", site="local", workdir="/w",
-                              spec_dir="/s")
+        c = writes.create_campaign(s, name="leased", digest="d", spec_json={}, source="", site="local", workdir="/w",
+                                   spec_dir="/s")
         s.flush()
         return int(c.id)
 
@@ -62,8 +62,8 @@ def test_a_dead_drivers_lease_is_taken_over_and_recorded(ledger: Ledger, campaig
     try:
         assert _holder(ledger, campaign_id)[1] == mine.token and mine.took_over and mine.took_over["dead"]
         with ledger.session() as s:
-            c = q.get_campaign(s, "leased")
-            assert [e.kind for e in q.list_events(s, c)][-1] == "lease_taken_over"
+            c = reads.get_campaign(s, "leased")
+            assert [e.kind for e in reads.list_events(s, c)][-1] == "lease_taken_over"
     finally:
         mine.release()
 
@@ -125,3 +125,26 @@ def test_a_driver_whose_lease_was_taken_is_told(ledger: Ledger, campaign_id: int
     mine.release()
     assert told == ["pid 4242 on n9 took over this campaign's lease"]
     assert _holder(ledger, campaign_id) == (4242, "theirs"), "releasing a lost lease leaves the new holder's row"
+
+
+def test_a_holder_whose_host_clock_is_behind_keeps_its_lease_on_postgres(
+        ledger: Ledger, campaign_id: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver on another host whose clock is 10 minutes slow renews its lease; a driver here
+    must not judge that lease stale by comparing its own clock with the other host's. Both
+    read PostgreSQL's clock. (SQLite runs in each driver's process: there the host's clock is
+    the ledger's, and hosts sharing one SQLite file must keep their clocks in step.)"""
+    if ledger.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite has no server clock")
+    slow = utcnow() - dt.timedelta(minutes=10)
+    monkeypatch.setattr("campaign.ledger.models.utcnow", lambda: slow)  # this host's clock, 10 min slow
+    monkeypatch.setattr("campaign.ledger.writes.utcnow", lambda: slow)
+    theirs = DriverLease(ledger, campaign_id)
+    theirs.host = "login2"  # the other host, with the slow clock
+    theirs.acquire()
+    try:
+        monkeypatch.undo()
+        with pytest.raises(CampaignConflict, match="is being driven by pid"):
+            DriverLease(ledger, campaign_id).acquire()
+        assert _holder(ledger, campaign_id)[1] == theirs.token
+    finally:
+        theirs.release()

@@ -17,11 +17,13 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
+from campaign import goodput
 from campaign.errors import LedgerError, SchemaOutOfDate
-from campaign.ledger import Ledger, open_ledger, queries as q, schema
+from campaign.ledger import Ledger, open_ledger, reads, schema, writes
 from campaign.ledger.db import make_engine
-from campaign.ledger.models import Base, utcnow
+from campaign.ledger.models import Attempt, Base, StepMetric, utcnow
 
+GOODPUT_LOST = ("startup_s", "checkpoint_stall_s", "recomputed_s", "detection_s", "restart_s", "other_s")
 TABLES = {"campaign", "stage_run", "attempt", "step_metric", "checkpoint", "exclusion", "event"}
 
 
@@ -47,16 +49,16 @@ def _revision(engine: sa.Engine) -> str | None:
 
 def _new_campaign(led: Ledger, name: str = "demo", stages: tuple[tuple[str, str], ...] = (("smoke", "smoke"),)) -> None:
     with led.session() as s:
-        c = q.create_campaign(s, name=name, digest="ab" * 32, spec_json={"name": name}, source=f"name: {name}\n",
-                              site="local", workdir="/tmp/w")
-        q.ensure_stage_runs(s, c, stages)
+        c = writes.create_campaign(s, name=name, digest="ab" * 32, spec_json={"name": name}, source=f"name: {name}\n",
+                                   site="local", workdir="/tmp/w")
+        writes.ensure_stage_runs(s, c, stages)
 
 
 def _attempt(led: Ledger, name: str = "demo", stage: str = "smoke") -> int:
     with led.session() as s:
-        run = q.get_stage_run(s, name, stage)
+        run = reads.get_stage_run(s, name, stage)
         assert run is not None
-        return q.create_attempt(s, run, nodes=["n0", "n1"], ranks_per_node=1, run_dir="/tmp/w/run").id
+        return writes.create_attempt(s, run, nodes=["n0", "n1"], ranks_per_node=1, run_dir="/tmp/w/run").id
 
 
 def _steps(first: int, last: int, **override: Any) -> list[dict[str, Any]]:
@@ -75,7 +77,7 @@ def test_open_creates_and_migrates_a_new_database(ledger_url: str) -> None:
         assert TABLES <= _tables(led.engine)
         assert _revision(led.engine) == schema.head_revision()
         with led.session() as s:
-            assert q.list_campaigns(s) == []
+            assert reads.list_campaigns(s) == []
     finally:
         led.close()
 
@@ -105,7 +107,7 @@ def test_reopen_keeps_the_data(ledger_url: str) -> None:
     led = open_ledger(ledger_url, create=False)
     try:
         with led.session() as s:
-            assert [c.name for c in q.list_campaigns(s)] == ["demo"]
+            assert [c.name for c in reads.list_campaigns(s)] == ["demo"]
     finally:
         led.close()
 
@@ -129,15 +131,15 @@ def test_create_and_read_campaigns(ledger: Ledger) -> None:
     _new_campaign(ledger, "alpha", (("smoke", "smoke"), ("check", "loss_check")))
     _new_campaign(ledger, "beta")
     with ledger.session() as s:
-        c = q.get_campaign(s, "alpha")
+        c = reads.get_campaign(s, "alpha")
         assert c is not None
         assert (c.name, c.version, c.state, c.site, c.spec_json) == ("alpha", 1, "pending", "local", {"name": "alpha"})
-        assert q.get_campaign(s, "gamma") is None
-        assert sorted(x.name for x in q.list_campaigns(s)) == ["alpha", "beta"]
-        runs = q.current_stage_runs(s, c)
+        assert reads.get_campaign(s, "gamma") is None
+        assert sorted(x.name for x in reads.list_campaigns(s)) == ["alpha", "beta"]
+        runs = reads.current_stage_runs(s, c)
         assert [(r.position, r.name, r.kind, r.state, r.attempts_count) for r in runs] == [
             (0, "smoke", "smoke", "pending", 0), (1, "check", "loss_check", "pending", 0)]
-        again = q.ensure_stage_runs(s, c, [("smoke", "smoke"), ("check", "loss_check")])
+        again = writes.ensure_stage_runs(s, c, [("smoke", "smoke"), ("check", "loss_check")])
         assert [r.id for r in again] == [r.id for r in runs], "ensure_stage_runs must not duplicate"
 
 
@@ -146,40 +148,41 @@ def test_campaign_names_are_unique(ledger: Ledger) -> None:
     with pytest.raises(sa.exc.IntegrityError):
         _new_campaign(ledger, "alpha")
     with ledger.session() as s:
-        assert len(q.list_campaigns(s)) == 1
+        assert len(reads.list_campaigns(s)) == 1
 
 
 def test_new_version_runs_stages_afresh(ledger: Ledger) -> None:
     _new_campaign(ledger)
     with ledger.session() as s:
-        c = q.get_campaign(s, "demo")
-        first = q.current_stage_runs(s, c)[0]
-        q.set_stage_state(s, first, "passed", verdict="ok")
-        q.bump_campaign_version(s, c, digest="cd" * 32, spec_json={"v": 2}, source="v2")
-        runs = q.ensure_stage_runs(s, c, [("smoke", "smoke")])
+        c = reads.get_campaign(s, "demo")
+        first = reads.current_stage_runs(s, c)[0]
+        writes.set_stage_state(s, first, "passed", verdict="ok")
+        writes.bump_campaign_version(s, c, digest="cd" * 32, spec_json={"v": 2}, source="v2")
+        runs = writes.ensure_stage_runs(s, c, [("smoke", "smoke")])
         assert c.version == 2 and runs[0].id != first.id and runs[0].state == "pending"
-        assert q.get_stage_run(s, "demo", "smoke").id == runs[0].id
+        assert reads.get_stage_run(s, "demo", "smoke").id == runs[0].id
 
 
 def test_summary_has_the_documented_shape(ledger: Ledger) -> None:
     _new_campaign(ledger, "demo", (("smoke", "smoke"), ("check", "loss_check")))
     attempt_id = _attempt(ledger)
     with ledger.session() as s:
-        a = s.get(q.Attempt, attempt_id)
-        q.ingest_steps(s, a, _steps(1, 4))
-        q.set_stage_state(s, a.stage_run, "passed", verdict="every rank reported")
-        q.exclude_node(s, site="local", node="n1", reason="slow")
-        q.exclude_node(s, site="aurora", node="x1000c0s0b0n0", reason="elsewhere")
-        summary = q.summarize_campaign(s, q.get_campaign(s, "demo"))
+        a = s.get(Attempt, attempt_id)
+        writes.ingest_steps(s, a, _steps(1, 4))
+        writes.set_stage_state(s, a.stage_run, "passed", verdict="every rank reported")
+        writes.exclude_node(s, site="local", node="n1", reason="slow")
+        writes.exclude_node(s, site="aurora", node="x1000c0s0b0n0", reason="elsewhere")
+        summary = reads.summarize_campaign(s, reads.get_campaign(s, "demo"))
+    none = {"wall_s": 0.0, "productive_s": 0.0, "ettr": None, "lost": dict.fromkeys(GOODPUT_LOST, 0.0)}
     assert summary == {
         "name": "demo", "state": "pending",
         "stages": [
             {"name": "smoke", "kind": "smoke", "state": "passed", "attempts": 1, "tokens": 4000, "last_loss": 4.0,
-             "verdict": "every rank reported"},
+             "verdict": "every rank reported", "goodput": none, "checkpoint_interval": None},
             {"name": "check", "kind": "loss_check", "state": "pending", "attempts": 0, "tokens": 0, "last_loss": None,
-             "verdict": None},
+             "verdict": None, "goodput": none, "checkpoint_interval": None},
         ],
-        "excluded_nodes": ["n1"],
+        "excluded_nodes": ["n1"], "goodput": none,
     }
     assert json.loads(json.dumps(summary)) == summary
 
@@ -190,23 +193,23 @@ def test_ingestion_is_idempotent(ledger: Ledger) -> None:
     _new_campaign(ledger)
     attempt_id = _attempt(ledger)
     with ledger.session() as s:
-        a = s.get(q.Attempt, attempt_id)
-        assert q.ingest_steps(s, a, _steps(1, 5)) == 5
+        a = s.get(Attempt, attempt_id)
+        assert writes.ingest_steps(s, a, _steps(1, 5)) == 5
     with ledger.session() as s:  # a second read of a growing metrics.jsonl overlaps the first
-        a = s.get(q.Attempt, attempt_id)
-        assert q.ingest_steps(s, a, _steps(1, 8)) == 3
-        assert q.ingest_steps(s, a, _steps(4, 8)) == 0
-        assert q.ingest_steps(s, a, _steps(2, 3)) == 0  # an old, partial read moves nothing back
-        assert q.ingest_steps(s, a, []) == 0
+        a = s.get(Attempt, attempt_id)
+        assert writes.ingest_steps(s, a, _steps(1, 8)) == 3
+        assert writes.ingest_steps(s, a, _steps(4, 8)) == 0
+        assert writes.ingest_steps(s, a, _steps(2, 3)) == 0  # an old, partial read moves nothing back
+        assert writes.ingest_steps(s, a, []) == 0
     with ledger.session() as s:
-        a = s.get(q.Attempt, attempt_id)
-        steps = q.list_steps(s, attempt_id)
+        a = s.get(Attempt, attempt_id)
+        steps = reads.list_steps(s, attempt_id)
         assert [m.step for m in steps] == list(range(1, 9))
         assert [m.tokens for m in steps] == [1000 * i for i in range(1, 9)]
         assert (a.first_step, a.last_step, a.tokens, a.last_loss) == (1, 8, 8000, 3.0)
         run = a.stage_run
         assert (run.steps, run.tokens, run.last_loss) == (8, 8000, 3.0)
-        n = s.scalar(sa.select(sa.func.count()).select_from(q.StepMetric).where(q.StepMetric.attempt_id == attempt_id))
+        n = s.scalar(sa.select(sa.func.count()).select_from(StepMetric).where(StepMetric.attempt_id == attempt_id))
         assert n == 8
 
 
@@ -217,17 +220,17 @@ def test_ingestion_keeps_nonfinite_losses_and_drops_junk(ledger: Ledger) -> None
                   step4={"loss": float("nan")})
     rows.append({"step": 5, "loss": 1.0})  # no tokens: not a step row of the contract
     with ledger.session() as s:
-        assert q.ingest_steps(s, s.get(q.Attempt, attempt_id), rows) == 4
+        assert writes.ingest_steps(s, s.get(Attempt, attempt_id), rows) == 4
     with ledger.session() as s:
-        steps = q.list_steps(s, attempt_id)
+        steps = reads.list_steps(s, attempt_id)
         assert [m.step for m in steps] == [1, 2, 3, 4]
         assert steps[0].loss == 4.75
         # A non-finite loss is evidence: kept (as +inf: SQLite would turn NaN into NULL).
         assert [m.loss for m in steps[1:]] == [math.inf] * 3
         assert (steps[2].mfu, steps[2].lr) == (None, None)
-        a = s.get(q.Attempt, attempt_id)
+        a = s.get(Attempt, attempt_id)
         assert (a.last_step, a.last_loss, a.stage_run.last_loss) == (4, math.inf, math.inf)
-        summary = q.summarize_campaign(s, q.get_campaign(s, "demo"))
+        summary = reads.summarize_campaign(s, reads.get_campaign(s, "demo"))
     # `campaign status --json` must stay valid JSON (no bare NaN) for scripts.
     assert summary["stages"][0]["last_loss"] is None
     json.dumps(summary, allow_nan=False)
@@ -237,10 +240,10 @@ def test_tokens_continue_across_attempts(ledger: Ledger) -> None:
     _new_campaign(ledger)
     first = _attempt(ledger)
     with ledger.session() as s:
-        q.ingest_steps(s, s.get(q.Attempt, first), _steps(1, 4))
-        run = q.get_stage_run(s, "demo", "smoke")
-        second = q.create_attempt(s, run, nodes=["n0"], ranks_per_node=1, run_dir="/tmp/r2", tokens_base=4000)
-        q.ingest_steps(s, second, [{"step": 1, "tokens": 500, "loss": 2.0}])
+        writes.ingest_steps(s, s.get(Attempt, first), _steps(1, 4))
+        run = reads.get_stage_run(s, "demo", "smoke")
+        second = writes.create_attempt(s, run, nodes=["n0"], ranks_per_node=1, run_dir="/tmp/r2", tokens_base=4000)
+        writes.ingest_steps(s, second, [{"step": 1, "tokens": 500, "loss": 2.0}])
         assert (run.tokens, run.attempts_count, second.number) == (4500, 2, 2)
 
 
@@ -248,10 +251,10 @@ def test_checkpoints_are_recorded_once_per_path(ledger: Ledger) -> None:
     _new_campaign(ledger)
     attempt_id = _attempt(ledger)
     with ledger.session() as s:
-        a = s.get(q.Attempt, attempt_id)
-        ck = q.record_checkpoint(s, a.stage_run, a, step=10, tokens=100, path="ck/step-00000010", complete=False)
+        a = s.get(Attempt, attempt_id)
+        ck = writes.record_checkpoint(s, a.stage_run, a, step=10, tokens=100, path="ck/step-00000010", complete=False)
         s.flush()
-        again = q.record_checkpoint(s, a.stage_run, a, step=10, tokens=100, path="ck/step-00000010", complete=True)
+        again = writes.record_checkpoint(s, a.stage_run, a, step=10, tokens=100, path="ck/step-00000010", complete=True)
         assert again.id == ck.id and again.complete
 
 
@@ -260,25 +263,25 @@ def test_checkpoints_are_recorded_once_per_path(ledger: Ledger) -> None:
 def test_exclusions_expire_and_can_be_lifted(ledger: Ledger) -> None:
     now = utcnow()
     with ledger.session() as s:
-        q.exclude_node(s, site="local", node="n-expired", reason="old", expires=now - dt.timedelta(hours=1))
-        q.exclude_node(s, site="local", node="n-hour", reason="slow", evidence={"step_time": float("inf")},
-                       expires=now + dt.timedelta(hours=1))
-        q.exclude_node(s, site="local", node="n-forever", reason="dead")
-        q.exclude_node(s, site="aurora", node="n-forever", reason="other site")
+        writes.exclude_node(s, site="local", node="n-expired", reason="old", expires=now - dt.timedelta(hours=1))
+        writes.exclude_node(s, site="local", node="n-hour", reason="slow", evidence={"step_time": float("inf")},
+                            expires=now + dt.timedelta(hours=1))
+        writes.exclude_node(s, site="local", node="n-forever", reason="dead")
+        writes.exclude_node(s, site="aurora", node="n-forever", reason="other site")
     with ledger.session() as s:
-        assert [e.node for e in q.list_exclusions(s, "local")] == ["n-forever", "n-hour"]
+        assert [e.node for e in reads.list_exclusions(s, "local")] == ["n-forever", "n-hour"]
         later = now + dt.timedelta(hours=2)
-        assert [e.node for e in q.list_exclusions(s, "local", now=later)] == ["n-forever"]
-        assert len(q.list_exclusions(s, None)) == 3
-        assert len(q.list_exclusions(s, "local", active=False)) == 3
-        hour = q.list_exclusions(s, "local")[1]
+        assert [e.node for e in reads.list_exclusions(s, "local", now=later)] == ["n-forever"]
+        assert len(reads.list_exclusions(s, None)) == 3
+        assert len(reads.list_exclusions(s, "local", active=False)) == 3
+        hour = reads.list_exclusions(s, "local")[1]
         assert hour.evidence == {"step_time": None}  # JSON columns hold no NaN/inf (Postgres refuses them)
-        assert q.include_node(s, site="local", node="n-forever") == 1
+        assert writes.include_node(s, site="local", node="n-forever") == 1
     with ledger.session() as s:
-        assert q.include_node(s, site="local", node="n-forever") == 0
-        assert [e.node for e in q.list_exclusions(s, "local")] == ["n-hour"]
-        assert [e.node for e in q.list_exclusions(s, "aurora")] == ["n-forever"]
-        lifted = [e for e in q.list_exclusions(s, "local", active=False) if e.lifted is not None]
+        assert writes.include_node(s, site="local", node="n-forever") == 0
+        assert [e.node for e in reads.list_exclusions(s, "local")] == ["n-hour"]
+        assert [e.node for e in reads.list_exclusions(s, "aurora")] == ["n-forever"]
+        lifted = [e for e in reads.list_exclusions(s, "local", active=False) if e.lifted is not None]
         assert [e.node for e in lifted] == ["n-forever"]
 
 
@@ -288,22 +291,22 @@ def test_events_are_appended_in_order(ledger: Ledger) -> None:
     _new_campaign(ledger)
     attempt_id = _attempt(ledger)
     with ledger.session() as s:
-        c = q.get_campaign(s, "demo")
-        a = s.get(q.Attempt, attempt_id)
-        q.set_campaign_state(s, c, "running")
-        q.set_campaign_state(s, c, "running")  # no transition, no event
-        q.set_stage_state(s, a.stage_run, "running")
-        q.finish_attempt(s, a, state="stalled", exit_code=124, suspects=[{"node": "n1"}], summary={"x": float("nan")})
-        q.add_event(s, c, "note", "by hand", data={"k": 1})
+        c = reads.get_campaign(s, "demo")
+        a = s.get(Attempt, attempt_id)
+        writes.set_campaign_state(s, c, "running")
+        writes.set_campaign_state(s, c, "running")  # no transition, no event
+        writes.set_stage_state(s, a.stage_run, "running")
+        writes.finish_attempt(s, a, state="stalled", exit_code=124, suspects=[{"node": "n1"}], summary={"x": float("nan")})
+        writes.add_event(s, c, "note", "by hand", data={"k": 1})
     with ledger.session() as s:
-        c = q.get_campaign(s, "demo")
-        events = q.list_events(s, c)
+        c = reads.get_campaign(s, "demo")
+        events = reads.list_events(s, c)
         kinds = [e.kind for e in events]
         assert kinds == ["campaign_created", "attempt_started", "campaign_state", "stage_state", "attempt_finished", "note"]
         assert [e.id for e in events] == sorted(e.id for e in events)
         assert events[4].data == {"state": "stalled", "exit_code": 124} and events[4].attempt_id == attempt_id
-        assert [e.kind for e in q.list_events(s, c, after_id=events[3].id)] == ["attempt_finished", "note"]
-        assert s.get(q.Attempt, attempt_id).summary == {"x": None}
+        assert [e.kind for e in reads.list_events(s, c, after_id=events[3].id)] == ["attempt_finished", "note"]
+        assert s.get(Attempt, attempt_id).summary == {"x": None}
 
 
 # --- the Alembic tree ------------------------------------------------------------------
@@ -324,7 +327,7 @@ def test_downgrade_and_upgrade_with_data(ledger_url: str, older: str, newer: str
         _new_campaign(led)
         attempt_id = _attempt(led)
         with led.session() as s:
-            q.ingest_steps(s, s.get(q.Attempt, attempt_id), _steps(1, 3))
+            writes.ingest_steps(s, s.get(Attempt, attempt_id), _steps(1, 3))
         schema.downgrade(led.engine, older)
         assert _revision(led.engine) == (None if older == "base" else older)
         if older == "base":
@@ -334,9 +337,45 @@ def test_downgrade_and_upgrade_with_data(ledger_url: str, older: str, newer: str
         assert _revision(led.engine) == schema.head_revision()
         assert TABLES <= _tables(led.engine)
         with led.session() as s:
-            names = [c.name for c in q.list_campaigns(s)]
-            steps = s.scalar(sa.select(sa.func.count()).select_from(q.StepMetric))
+            names = [c.name for c in reads.list_campaigns(s)]
+            steps = s.scalar(sa.select(sa.func.count()).select_from(StepMetric))
         assert (names, steps) == (([], 0) if older == "base" else (["demo"], 3))
+    finally:
+        led.close()
+
+
+def test_goodput_after_an_upgrade_from_0002(ledger_url: str) -> None:
+    """A ledger written at 0002 (before goodput) upgrades with its rows; old attempts have
+    no goodput (null) until one is recorded, and status shows zeros meanwhile."""
+    led = open_ledger(ledger_url)
+    try:
+        _new_campaign(led)
+        old_id, new_id = _attempt(led), None
+        schema.downgrade(led.engine, "0002")
+        schema.upgrade(led.engine)
+        with led.session() as s:
+            assert s.get(Attempt, old_id).goodput is None
+            summary = reads.summarize_campaign(s, reads.get_campaign(s, "demo"))
+            assert summary["goodput"]["wall_s"] == 0.0 and summary["stages"][0]["goodput"]["ettr"] is None
+        new_id = _attempt(led)
+        with led.session() as s:
+            a = s.get(Attempt, new_id)
+            writes.set_stage_state(s, a.stage_run, "running")
+            t0 = goodput.epoch(a.started)
+            rows = [{**r, "time": t0 + 2.0 + 0.5 * r["step"]} for r in _steps(1, 4)]
+            writes.ingest_steps(s, a, rows)
+            writes.finish_attempt(s, a, state="stalled", exit_code=124, suspects=[], summary={})
+            a.finished = a.started + dt.timedelta(seconds=10.0)
+            g = goodput.record_attempt(s, a, [])
+        assert g["productive_s"] == pytest.approx(2.0) and g["lost"]["startup_s"] == pytest.approx(2.0)
+        assert g["lost"]["detection_s"] == pytest.approx(6.0) and g["fault"] is True
+        with led.session() as s:
+            stage = reads.summarize_campaign(s, reads.get_campaign(s, "demo"))["stages"][0]["goodput"]
+            history = goodput.site_history(s, "local")  # the old attempt (goodput null) is not history
+        assert stage["productive_s"] + sum(stage["lost"].values()) == pytest.approx(stage["wall_s"], abs=0.01)
+        assert stage["productive_s"] == pytest.approx(2.0)
+        assert [g["fault"] for _, g in history] == [True]
+        assert goodput.job_mtbf([g for _, g in history], nodes=2) == pytest.approx(10.0)  # 10 s x 2 nodes / 1 fault / 2
     finally:
         led.close()
 
@@ -403,8 +442,8 @@ def test_status_without_a_ledger_says_so(tmp_path: Path, run_cli) -> None:
 def test_status_reads_the_ledger(ledger: Ledger, ledger_url: str, run_cli) -> None:
     _new_campaign(ledger)
     with ledger.session() as s:
-        a = q.create_attempt(s, q.get_stage_run(s, "demo", "smoke"), nodes=["n0"], ranks_per_node=1, run_dir="/r")
-        q.ingest_steps(s, a, _steps(1, 2) + [{"step": 3, "tokens": 3000, "loss": float("nan")}])
+        a = writes.create_attempt(s, reads.get_stage_run(s, "demo", "smoke"), nodes=["n0"], ranks_per_node=1, run_dir="/r")
+        writes.ingest_steps(s, a, _steps(1, 2) + [{"step": 3, "tokens": 3000, "loss": float("nan")}])
     code, out, err = run_cli("status", "demo", "--json", "--db", ledger_url)
     assert (code, err) == (0, "")
     summary = json.loads(out, parse_constant=lambda c: pytest.fail(f"status --json printed {c}, which is not JSON"))

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from campaign.errors import LedgerError
 from campaign.ledger import open_ledger
-from campaign.ledger import queries as q
+from campaign.ledger import reads, writes
 from campaign.ledger.db import transient
 
 
@@ -39,10 +39,10 @@ def test_a_write_waits_out_a_held_lock_and_lands_once(tmp_path: Path) -> None:
     for unit in ledger.retrying("registering", warn=told.append):
         tries += 1
         with unit as s:
-            q.create_campaign(s, name="x", digest="d", spec_json={}, source="", site="local", workdir="/", spec_dir="/")
+            writes.create_campaign(s, name="x", digest="d", spec_json={}, source="", site="local", workdir="/", spec_dir="/")
     assert tries >= 2 and len(told) == 1 and "retrying" in told[0]
     with ledger.session() as s:
-        assert [c.name for c in q.list_campaigns(s)] == ["x"]
+        assert [c.name for c in reads.list_campaigns(s)] == ["x"]
     ledger.close()
 
 
@@ -54,8 +54,8 @@ def test_an_outage_past_the_bound_names_the_ledger_and_the_work(tmp_path: Path) 
         for unit in ledger.retrying("registering", outage_s=0.5):
             with unit as s:
                 s.execute(sa.text("PRAGMA busy_timeout=100"))
-                q.create_campaign(s, name="x", digest="d", spec_json={}, source="", site="local", workdir="/",
-                                  spec_dir="/")
+                writes.create_campaign(s, name="x", digest="d", spec_json={}, source="", site="local", workdir="/",
+                                       spec_dir="/")
     holder.execute("COMMIT")
     ledger.close()
 

@@ -51,3 +51,28 @@ def test_world_size_parity(launch, tmp_path, parallelism):
     assert a.keys() == b.keys() == {1, 2}
     for step in (1, 2):
         assert b[step] == pytest.approx(a[step], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_checkpoint_moves_between_one_rank_and_two(launch, tmp_path, parallelism):
+    """One rank trains unwrapped (parallelize.py); its checkpoint resumes under the wrapper
+    on two ranks, and a two-rank checkpoint resumes on one, with the same global batch."""
+    def cfg(ck, world, steps, at=()):
+        return tiny_config(ck, run={"max_steps": steps, "checkpoint_at": list(at)},
+                           train={"parallelism": parallelism, "micro_batch_size": 4 // world})
+
+    whole = launch(cfg(tmp_path / "ref", 1, 6), world=1, name="ref")
+    assert whole.wait() == [0], whole.logs()
+    ref = whole.losses()
+    for first, then in ((1, 2), (2, 1)):
+        ck = tmp_path / f"ck{first}{then}"
+        a = launch(cfg(ck, first, 3), world=first, name=f"a{first}{then}")
+        assert a.wait() == [0] * first, a.logs()
+        b = launch(cfg(ck, then, 6), world=then, name=f"b{first}{then}", attempt=2)
+        assert b.wait() == [0] * then, b.logs()
+        assert [e["step"] for e in b.events() if e["event"] == "checkpoint_loaded"] == [3]
+        got = b.losses()
+        assert sorted(got) == [4, 5, 6]
+        for step in (4, 5, 6):
+            assert got[step] == pytest.approx(ref[step], rel=1e-5, abs=1e-6), (first, then, step)

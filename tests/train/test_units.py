@@ -111,3 +111,31 @@ def test_named_shapes_and_mfu():
     assert flops.peak_flops("cpu") is None and flops.mfu(1.0, 1.0, None) is None
     # nanoGPT: 6N + 12 L H Q T
     assert flops.flops_per_token(100, 2, 3, 4, 5) == 600 + 12 * 2 * 3 * 4 * 5
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_one_rank_trains_the_model_unwrapped_and_casts_by_autocast(parallelism):
+    from campaign.train.model import GPT, SHAPES
+    from campaign.train.parallelize import parallelize
+
+    model = GPT(SHAPES["tiny"])
+    par = parallelize(model, parallelism=parallelism, device=torch.device("cpu"), compile=False,
+                      activation_checkpointing=False, bf16=True, world_size=1)
+    assert par.model is model and par.wrapper == "none" and par.autocast
+    assert par.comm.pop() == 0.0  # no gradient collective: none of the step is spent in one
+
+
+def test_prefetched_batches_are_the_batches_a_step_would_read():
+    src = data.MarkovSource(vocab=64, branching=4, seed=3)
+    ahead = data.Sampler(src, 16, 2, rank=1, world=2, grad_accum=2, device=torch.device("cpu"))
+    plain = data.Sampler(src, 16, 2, rank=1, world=2, grad_accum=2, device=torch.device("cpu"))
+    for _ in range(3):
+        for micro in range(2):
+            got, want = ahead.batch(micro), plain.batch(micro)
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+            ahead.prefetch(micro)
+        ahead.advance()
+        plain.advance()
+    ahead.position = 40  # a resume moves the position: the batch read ahead is not used
+    plain.position = 40
+    assert all(torch.equal(a, b) for a, b in zip(ahead.batch(0), plain.batch(0)))

@@ -45,8 +45,9 @@ def tiny_config(checkpoint_dir: Path, **sections) -> dict:
 class Launch:
     """The ranks of one attempt."""
 
-    def __init__(self, procs: list[subprocess.Popen], run_dir: Path) -> None:
+    def __init__(self, procs: list[subprocess.Popen], run_dir: Path, nodes: list[str] = (), attempt: int = 1) -> None:
         self.procs, self.run_dir = procs, run_dir
+        self.nodes, self.attempt = list(dict.fromkeys(nodes)), attempt
 
     def wait(self, timeout: float = 120, kill_after_failure: float = 30) -> list[int]:
         """Wait for every rank; once one fails, give the others `kill_after_failure` s."""
@@ -119,7 +120,7 @@ class Launcher:
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "campaign.train", "--config", str(cfg_path)],
                     cwd=self.base, env=e, stdout=log, stderr=subprocess.STDOUT))
-        self.started.append(Launch(procs, run_dir))
+        self.started.append(Launch(procs, run_dir, nodes, attempt))
         return self.started[-1]
 
     def close(self) -> None:
@@ -127,5 +128,9 @@ class Launcher:
             launch_.kill()
             for p in launch_.procs:
                 p.wait()
+            # A rank these tests killed leaves its node-local state (/dev/shm/campaign-*),
+            # as on a real node; the supervisor removes it after an attempt, so do we.
+            for node in launch_.nodes:
+                report.remove_node_local(launch_.run_dir, node, str(launch_.attempt))
 
 

@@ -4,9 +4,12 @@ test imported can hide a violation):
 * the CLI imports neither torch nor parsl: `campaign status` / `validate` / `--help` are
   instant and work on a login node without the training stack;
 * the built-in trainer (`campaign.train.*`) never imports the ledger or SQLAlchemy: only
-  the orchestrator writes the ledger, the trainer writes files;
+  the driver writes the ledger, the trainer writes files;
 * `campaign.report`, the trainer-contract helper for users' own scripts, needs only the
-  standard library.
+  standard library;
+* the operations layer (`campaign.commands`, which the CLI and the remote endpoint
+  functions call) needs no click, torch or parsl;
+* the ledger's read models (`campaign.ledger.reads`) never import its writes.
 """
 
 from __future__ import annotations
@@ -68,6 +71,16 @@ def test_light_commands_import_neither_torch_nor_parsl(tmp_path: Path) -> None:
     )
     seen = _imported_after(code, *HEAVY)
     assert seen == {label: [] for label in commands}
+
+
+def test_the_operations_layer_needs_no_click_torch_or_parsl() -> None:
+    seen = _imported_after("import campaign.commands, campaign.remote\nmark('import')", "click", *HEAVY)
+    assert seen == {"import": []}
+
+
+def test_ledger_reads_never_import_writes() -> None:
+    seen = _imported_after("import campaign.ledger.reads\nmark('reads')", "campaign.ledger.writes")
+    assert seen == {"reads": []}
 
 
 def test_trainer_modules_are_present() -> None:

@@ -69,6 +69,9 @@ SOFTWARE_LINES = [
     ("OSError: [Errno 28] No space left on device: '/lus/flare/projects/x/checkpoints/step-00000100/__0_0.distcp'",
      "no_space"),
     ("write error: ENOSPC", "no_space"),
+    ("[rank1]: RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598", "short_write"),
+    ("RuntimeError: [enforce fail at inline_container.cc:626] . PytorchStreamWriter failed writing file data/3: file "
+     "write failed", "short_write"),
     ("RuntimeError: Error(s) in loading state_dict for GPT:", "state_dict_mismatch"),
     ('\tMissing key(s) in state_dict: "blocks.0.attn.qkv.weight".', "state_dict_mismatch"),
     ("\tsize mismatch for wte.weight: copying a param with shape torch.Size([50304, 768]) from checkpoint, the shape "
@@ -260,10 +263,29 @@ def test_ties_without_evidence_go_to_the_earliest_then_the_lowest_rank() -> None
 
 
 def test_same_poll_window() -> None:
-    seen = [x(0, "n1", 1, 10.0, NCCL), x(5, "n2", 137, 10.2)]
-    assert assess(seen, first_step=True, nodes=NODES).rule == "fabric_error"  # 137 came a poll later
+    seen = [x(0, "n1", 1, 10.0, "RuntimeError: boom"), x(5, "n2", 137, 10.2)]
+    assert assess(seen, first_step=True, nodes=NODES).primary["rank"] == 0  # 137 came a poll later
     f = assess(seen, first_step=True, nodes=NODES, same_poll_s=0.5)
     assert f.kind == "node" and f.suspects[0].node == "n2"
+
+
+GLOO_RESET = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:29585: "
+              "Connection reset by peer")
+
+
+@pytest.mark.parametrize("victim_line", [NCCL, GLOO_RESET])
+def test_a_victim_that_dies_first_does_not_lead(victim_line: str) -> None:
+    """Seen in CI: rank 1 exits 1 (its own error); rank 0 loses its peer, aborts (134) with
+    gloo's 'Connection reset by peer' and is seen 1.5 s before rank 1's slower exit. The
+    failure is rank 1's; the victim's earlier death must not make the finding about rank 0."""
+    seen = [x(0, "n1", 134, 10.0, victim_line, "terminate called without an active exception"),
+            x(1, "n2", 1, 11.5, "campaign.train: fault crash at step 25")]
+    f = assess(seen, first_step=True, nodes=NODES, same_poll_s=1.0)
+    assert f.primary == {"rank": 1, "node": "n2", "exit_code": 1}
+    assert f.last_error_line == "campaign.train: fault crash at step 25" and f.log_path == "/run/logs/rank-1.log"
+    assert f.kind == "unknown" and f.suspects == ()  # one failure alone: one confirming retry, nobody blamed
+    only_victims = assess(seen[:1], first_step=True, nodes=NODES, same_poll_s=1.0)
+    assert only_victims.rule == "fabric_error" and only_victims.primary["rank"] == 0
 
 
 def test_a_hardware_signature_names_its_evidence() -> None:

@@ -65,6 +65,17 @@ class TestSmoke:
         v = smoke.judge(r, expected_ranks=2, steps=3)
         assert not v.passed and "ranks [1]" in v.reason and "n1" in v.reason
 
+    def test_a_missing_file_is_named_with_the_rank_log(self) -> None:
+        r = self.result(startup=None, run_dir="/w/smoke/attempt-001", log="/w/smoke/attempt-001/logs/rank-0.log",
+                        files={"startup.json": False, "metrics.jsonl": True})
+        v = smoke.judge(r, expected_ranks=2, steps=3)
+        assert not v.passed and v.reason.endswith(
+            "(/w/smoke/attempt-001/startup.json is missing; rank 0's log: /w/smoke/attempt-001/logs/rank-0.log)")
+        r = self.result(metrics=[{"step": 1, "loss": 5.0}], run_dir="/w/a", log="/w/a/logs/launcher.log",
+                        files={"startup.json": True, "metrics.jsonl": True})
+        v = smoke.judge(r, expected_ranks=2, steps=3)
+        assert "only 1 of 3 steps" in v.reason and "(/w/a/metrics.jsonl has none; rank 0's log: /w/a/logs/launcher.log)" in v.reason
+
     def test_wrong_allreduce_sum_fails(self) -> None:
         r = self.result(startup={"ranks": [{"rank": 0}, {"rank": 1}], "allreduce": {"got": 2.0, "expected": 3.0}})
         v = smoke.judge(r, expected_ranks=2, steps=3)
@@ -86,7 +97,7 @@ class TestScaling:
                                  loss_tolerance=0.1)
 
     def rows(self, tps: list[float], loss: list[float]) -> list[dict[str, object]]:
-        return [{"nodes": n, "tokens_per_s": t, "last_loss": lo, "exit_code": 0, "exit_class": "succeeded",
+        return [{"nodes": n, "tokens_per_s": t, "loss": lo, "exit_code": 0, "exit_class": "succeeded",
                  "last_step": 10} for n, t, lo in zip([1, 2, 4], tps, loss)]
 
     def test_efficiency_is_per_node_throughput_vs_smallest(self) -> None:
@@ -101,7 +112,26 @@ class TestScaling:
 
     def test_loss_outside_tolerance_fails(self) -> None:
         v = scaling.judge(self.rows([100, 200, 400], [3.0, 3.0, 3.2]), self.stage, None)
-        assert not v.passed and "4 node(s): loss 3.2" in v.reason
+        assert not v.passed and "4 node(s): mean loss over steps 6-10 3.2000 vs reference 3.0000" in v.reason
+
+    def test_the_loss_is_judged_over_a_window_not_one_noisy_step(self) -> None:
+        """Issue 14 item 6: a spike at the last step alone does not fail the count; a shifted window does."""
+        def metrics(last: float, shift: float = 0.0, nodes: int = 2) -> list[dict[str, object]]:
+            tps = 100.0 * nodes
+            return [{"step": s, "tokens_per_s": tps, "loss": 3.0 + shift + (0.01 if s % 2 else -0.01)}
+                    for s in range(1, 10)] + [{"step": 10, "tokens_per_s": tps, "loss": last + shift}]
+        window = scaling.window_steps(self.stage)
+        rows = [scaling.measure(metrics(3.0, nodes=1), nodes=1, warmup=2, window=window),
+                scaling.measure(metrics(3.3), nodes=2, warmup=2, window=window)]
+        for r in rows:
+            r.update(exit_code=0, exit_class="succeeded")
+        stage = self.stage.model_copy(update={"node_counts": [1, 2]})
+        v = scaling.judge(rows, stage, None)
+        assert window == [6, 7, 8, 9, 10] and v.passed and "mean loss over steps 6-10 within" in v.reason, v.reason
+        rows[1] = {**scaling.measure(metrics(3.0, shift=0.2), nodes=2, warmup=2, window=window), "exit_code": 0}
+        assert not scaling.judge(rows, stage, None).passed
+        v = scaling.judge(rows[:1], stage.model_copy(update={"node_counts": [1]}), {10: 3.0})
+        assert not v.passed and "the reference has no loss for every one of steps 6-10" in v.reason
 
     def test_a_count_that_did_not_finish_fails(self) -> None:
         rows = self.rows([100, 200], [3.0, 3.0])
@@ -197,6 +227,12 @@ class TestResumeTest:
     def test_tolerance_admits_small_differences(self) -> None:
         c = resume_test.compare("SIGTERM", self.ref, {"exit_code": 143}, self.resumed(shift=1e-7), 1e-6)
         assert resume_test.judge([c]).passed
+
+    def test_a_resume_from_scratch_is_caught(self) -> None:
+        ok = resume_test.compare("SIGKILL", self.ref, {"exit_code": 137}, self.resumed(), 0.0, checkpoint_step=10)
+        assert resume_test.judge([ok]).passed
+        c = resume_test.compare("SIGKILL", self.ref, {"exit_code": 137}, self.resumed(first=1), 0.0, checkpoint_step=10)
+        assert "started at step 1, not after the checkpoint of step 10" in resume_test.judge([c]).reason
 
     def test_token_gap_is_caught(self) -> None:
         c = resume_test.compare("SIGKILL", self.ref, {"exit_code": 137}, self.resumed(tokens_off=10), 0.0)

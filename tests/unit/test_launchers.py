@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from typing import Any
 import pytest
 
 from campaign.executors import aurora, polaris  # site presets live with their site
+from campaign.supervisor import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "launch"
@@ -305,14 +308,21 @@ def test_torchrun_really_runs(tmp_path: Path) -> None:
     (pkg / "__init__.py").write_text("")
     (pkg / "hello.py").write_text(
         "import os\nprint('R', os.environ['RANK'], os.environ['LOCAL_RANK'], flush=True)\n")
+    # A free port (a fixed one failed once late in a CI run: exit 0, no rank output), and
+    # an environment without another launcher's rank variables or torchrun's PET_* options.
     plan = L.LaunchPlan(hosts=("localhost",), ranks_per_node=2,
-                        argv=("python", "-m", "probepkg.hello"), master_port=29531)
+                        argv=("python", "-m", "probepkg.hello"), master_port=free_port())
     cmd = L.build_command("torchrun", plan)
     cmd[0] = str(torchrun)
-    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, check=True,
-                         timeout=300, env={**os.environ, "PYTHONPATH": str(tmp_path)})
-    assert sorted(line for line in out.stdout.splitlines() if line.startswith("R ")) == [
-        "R 0 0", "R 1 1"]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PET_", "TORCHELASTIC_", "MASTER_", "PMI_", "SLURM_"))
+           and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")}
+    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**env, "PYTHONPATH": str(tmp_path)})
+    # torchrun may prefix worker lines ("[default0]:R 0 0") when it tees their output.
+    ranks = sorted(m.group(1) for m in re.finditer(r"^(?:\[\w+\]:)?(R \d+ \d+)$", out.stdout, re.M))
+    assert out.returncode == 0 and ranks == ["R 0 0", "R 1 1"], (
+        f"{shlex.join(cmd)}\nexit {out.returncode}\nstdout:\n{out.stdout}\nstderr:\n{out.stderr[-4000:]}")
 
 
 def _plan(**overrides: Any) -> Any:

@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
+from campaign.errors import SiteError
 from campaign import executors, spec, walltime
 from campaign.executors import aurora, batch, polaris
 from campaign.executors.base import LaunchOptions, Site
@@ -59,11 +61,49 @@ def test_aurora_defaults_follow_the_alcf_docs() -> None:
     opts = site.launch_options()
     # FLAT set by us, no --gpu-bind (it fails under FLAT: docs.alcf.anl.gov/aurora/running-jobs-aurora/)
     assert opts.cpu_bind == aurora.CPU_BIND and opts.gpu_bind is None
-    assert opts.env == {"ZE_FLAT_DEVICE_HIERARCHY": "FLAT"} and site.device_hierarchy == "FLAT"
+    assert opts.env["ZE_FLAT_DEVICE_HIERARCHY"] == "FLAT" and site.device_hierarchy == "FLAT"
     composite = AuroraSite(account="p", device_hierarchy="COMPOSITE", gpu_bind=aurora.GPU_BIND)
-    assert composite.launch_options().env == {"ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE"}
+    assert composite.launch_options().env["ZE_FLAT_DEVICE_HIERARCHY"] == "COMPOSITE"
     # the single-machine stand-in: no PALS binding, loopback rendezvous
     assert AuroraSite(account="p", launcher="mpich").launch_options() == LaunchOptions(env={"MASTER_ADDR": "127.0.0.1"})
+
+
+def test_aurora_ranks_get_alcfs_mandatory_oneccl_environment_which_env_overrides() -> None:
+    # docs.alcf.anl.gov/aurora/data-science/frameworks/oneCCL/ "OneCCL mandatory environment variables"
+    env = AuroraSite(account="p").launch_options().env
+    assert {k: env[k] for k in ("CCL_PROCESS_LAUNCHER", "CCL_ATL_TRANSPORT", "CCL_KVS_MODE", "CCL_CONFIGURATION_PATH",
+                                "CCL_CONFIGURATION", "CCL_KVS_CONNECTION_TIMEOUT", "CCL_KVS_USE_MPI_RANKS")} == {
+        "CCL_PROCESS_LAUNCHER": "pmix", "CCL_ATL_TRANSPORT": "mpi", "CCL_KVS_MODE": "mpi", "CCL_CONFIGURATION_PATH": "",
+        "CCL_CONFIGURATION": "cpu_gpu_dpcpp", "CCL_KVS_CONNECTION_TIMEOUT": "600", "CCL_KVS_USE_MPI_RANKS": "1"}
+    assert "FI_MR_CACHE_MONITOR" not in env  # in the page's optional list only
+    mine = AuroraSite(account="p", env={"CCL_KVS_CONNECTION_TIMEOUT": "1200"}).launch_options().env
+    assert mine["CCL_KVS_CONNECTION_TIMEOUT"] == "1200" and mine["CCL_KVS_MODE"] == "mpi"
+    off = AuroraSite(account="p", collective_env=False).launch_options().env
+    assert off == {"ZE_FLAT_DEVICE_HIERARCHY": "FLAT"}
+
+
+def test_polaris_ranks_get_alcfs_nccl_environment_and_workers_connect_on_bond0(tmp_path: Path) -> None:
+    # docs.alcf.anl.gov/polaris/applications-and-libraries/libraries/nccl/ and .../polaris/workflows/parsl/
+    site = PolarisSite(account="p")
+    env = site.launch_options().env
+    assert (env["NCCL_NET"], env["FI_MR_CACHE_MONITOR"], env["FI_CXI_DEFAULT_CQ_SIZE"]) == ("AWS Libfabric", "userfaultfd", "131072")
+    assert "NCCL_NET" not in PolarisSite(account="p", collective_env=False).launch_options().env
+    assert site.address_interface == "bond0"
+    with pytest.raises(SiteError, match="site.address_interface: no address for interface 'bond0'"):
+        site.parsl_config(tmp_path)  # this machine has no bond0: a clear error, not Parsl's traceback
+    script, _ = site.dry_run(tmp_path)  # the dry run does not need the interface
+    assert "<address of bond0>" in script or "bond0" not in script
+    lo = PolarisSite(account="p", address_interface="lo").parsl_config(tmp_path)
+    assert lo.executors[0].address == "127.0.0.1"
+
+
+def test_pbs_jobs_export_a_short_tmpdir_before_the_users_init() -> None:
+    # Python's multiprocessing binds AF_UNIX sockets (<= 107 bytes) under TMPDIR; PBS's is per job.
+    p = AuroraSite(account="p", worker_init="module load frameworks").provider()
+    lines = p.worker_init.splitlines()
+    assert lines.index("export TMPDIR=/tmp") < lines.index("module load frameworks")
+    assert "TMPDIR" not in AuroraSite(account="p", tmpdir=None).provider().worker_init
+    assert "TMPDIR" not in SlurmSite().provider().worker_init
 
 
 def test_polaris_binds_by_depth_wraps_for_gpus_and_disables_nvlink_multicast() -> None:
@@ -161,3 +201,54 @@ def test_batch_examples_validate_and_dry_run(example: str, tmp_path: Path, run_c
     assert code == 0, err
     assert ("sbatch" if example == "slurm-cluster" else "qsub") in out
     assert not (tmp_path / "wd").exists()
+
+
+def test_aurora_warns_when_runs_would_start_from_home_not_flare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # docs.alcf.anl.gov/aurora/data-management/lustre/flare/: launch jobs only from /lus/flare/projects
+    site = AuroraSite(account="AuroraGPT")
+    (remote_rel,) = site.workdir_warnings(Path("campaigns"), remote=True)
+    assert "resolves under $HOME" in remote_rel and "--workdir /lus/flare/projects/AuroraGPT/campaigns" in remote_rel
+    assert site.workdir_warnings(Path("/lus/flare/projects/AuroraGPT/campaigns"), remote=True) == []
+    assert "not under /lus/flare/projects" in site.workdir_warnings(Path("/home/me/c"), remote=True)[0]
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert "under your home directory" in site.workdir_warnings(tmp_path / "campaigns", remote=False)[0]
+    assert site.workdir_warnings(Path("/lus/flare/projects/AuroraGPT/c"), remote=False) == []
+    assert SlurmSite().workdir_warnings(Path("campaigns"), remote=True) == []
+
+
+def test_a_remote_aurora_submit_without_workdir_runs_on_flare(tmp_path: Path, run_cli,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 15 item 5: on Aurora the endpoint's default work directory is the project's
+    directory on Flare, not $HOME. The boundary faked: `campaign.remote.submit`, the call that
+    would reach the Globus Compute endpoint; what the CLI hands it is what is checked."""
+    from campaign import remote
+
+    spec = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "auroragpt-2b.yaml").read_text())
+    spec["site"]["account"] = "AuroraGPT"
+    path = tmp_path / "a.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    sent: list[Path] = []
+
+    def fake_submit(endpoint_id: str, file: Path, workdir: Path, db_url: str | None, new_version: bool) -> dict:
+        sent.append(workdir)
+        return {"name": spec["name"], "attached": False, "host": "aurora-uan-0009", "pid": 1, "ledger": "l", "log": "x"}
+
+    monkeypatch.setattr(remote, "submit", fake_submit)
+    uuid = "2b1f8a9e-6c3d-4e5f-8a7b-9c0d1e2f3a4b"
+    code, out, err = run_cli("submit", path, "--endpoint", uuid)
+    assert code == 0, err
+    assert sent == [Path("/lus/flare/projects/AuroraGPT/campaigns")]
+    assert "runs in /lus/flare/projects/AuroraGPT/campaigns on the endpoint's host" in err
+    assert "resolves under $HOME" not in err and "--workdir /lus/flare/projects/AuroraGPT/campaigns" in out
+    code, out, err = run_cli("submit", path, "--endpoint", uuid, "--workdir", "/lus/flare/projects/AuroraGPT/x")
+    assert code == 0 and sent[-1] == Path("/lus/flare/projects/AuroraGPT/x") and "note:" not in err
+
+
+def test_submit_without_the_polaris_interface_stops_before_the_ledger(tmp_path: Path, run_cli) -> None:
+    # this machine has no bond0 (ALCF's interface for Parsl on Polaris): one line, exit 2, nothing written
+    workdir = tmp_path / "work"
+    example = Path(__file__).resolve().parents[2] / "examples" / "polaris.yaml"
+    code, out, err = run_cli("submit", example, "--workdir", workdir)
+    assert code == 2, err
+    assert "error: site.address_interface: no address for interface 'bond0' on this host" in err
+    assert "Traceback" not in err and not workdir.exists()

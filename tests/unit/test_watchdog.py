@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from campaign.watchdog import Watch, WatchdogPolicy, culprits, decide, stragglers
+from campaign.watchdog import (Watch, WatchdogPolicy, culprits, decide, early_budget, stall_pattern,
+                               stragglers)
 
 POLICY = WatchdogPolicy(startup_s=100, step_factor=3, floor_s=10, warmup_steps=0, checkpoint_s=50)
 
@@ -105,3 +106,27 @@ def test_straggler_median_of_the_others_matches_the_plain_definition() -> None:
         want = [n for n, t in sorted(times.items()) if len(times) > 1
                 and (m := statistics.median([v for k, v in times.items() if k != n])) > 0 and t >= 3.0 * m]
         assert [s["node"] for s in stragglers(beats, 3.0)] == want
+
+
+def test_the_stall_pattern_shortens_the_steady_floor_and_only_then() -> None:
+    policy = POLICY.model_copy(update={"confirmed_floor_s": 2.0})
+    w = steady(step_s=1.0)  # budget 3 x 1 + 10 = 13 s; confirmed 3 x 1 + 2 = 5 s
+    assert early_budget(w, policy) == 5.0
+    assert not decide(w, policy, 5.5).stalled
+    d = decide(w, policy, 5.5, confirmed=True)
+    assert d.stalled and d.budget_s == 5.0 and "heartbeats show who hangs" in d.reason
+    # The evidence: rank 1 of n1 computes step 21 while n0's rank waits in step 21's collective.
+    beats = {"n0": beat("n0", 5.5, {0: (21, "collective", 0.4)}), "n1": beat("n1", 5.5, {1: (21, "compute", 0.0)})}
+    found = culprits(beats, ["n0", "n1"], 5.5, policy)
+    assert [s["node"] for s in found] == ["n1"] and stall_pattern(found, w, policy)
+    # Not yet 3 step times in that step (a slow step, not a hang): no pattern.
+    young = {"n0": beat("n0", 5.5, {0: (21, "collective", 4.0)}), "n1": beat("n1", 5.5, {1: (21, "compute", 4.0)})}
+    assert not stall_pattern(culprits(young, ["n0", "n1"], 5.5, policy), w, policy)
+    # Everyone in the collective (a hang inside it): nobody stands out, the full floor applies.
+    inside = {"n0": beat("n0", 5.5, {0: (21, "collective", 0.4)}), "n1": beat("n1", 5.5, {1: (21, "collective", 0.5)})}
+    assert not stall_pattern(culprits(inside, ["n0", "n1"], 5.5, policy), w, policy)
+    # Outside the steady phase (warm-up, checkpoint, startup) there is no early budget.
+    w.saw_phases({"checkpoint"}, 5.0)
+    assert early_budget(w, policy) is None
+    assert early_budget(Watch(started=0.0), policy) is None
+    assert early_budget(steady(), policy.model_copy(update={"confirmed_floor_s": 10.0})) is None

@@ -20,8 +20,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from campaign.ledger import Ledger, open_ledger
-from campaign.ledger import queries as q
+from campaign.ledger import Ledger, open_ledger, writes
 from campaign.ledger.models import Attempt, Campaign, Event, Exclusion, StageRun
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -29,9 +28,9 @@ UPDATE = os.environ.get("CAMPAIGN_UPDATE_GOLDEN") == "1"
 T0 = dt.datetime(2026, 11, 29, 8, 0, 0)
 SCALING_TABLE = [
     {"nodes": 1, "ranks": 1, "step_time_s": 0.0169, "tokens_per_s": 15153.1, "comm_time_s": 0.000225,
-     "comm_share": 0.0133, "mem_peak_gib": 0.346, "last_loss": 4.8198, "efficiency": 1.0},
+     "comm_share": 0.0133, "mem_peak_gib": 0.346, "last_loss": 4.8198, "loss": 4.8198, "efficiency": 1.0},
     {"nodes": 2, "ranks": 2, "step_time_s": 0.0205, "tokens_per_s": 24980.7, "comm_time_s": 0.00312,
-     "comm_share": 0.152, "mem_peak_gib": 0.344, "last_loss": 4.8198, "efficiency": 0.824},
+     "comm_share": 0.152, "mem_peak_gib": 0.344, "last_loss": 4.8198, "loss": 4.8198, "efficiency": 0.824},
 ]
 
 
@@ -44,44 +43,44 @@ def steps(first: int, last: int, *, per_step: int = 512, offset: float = 0.0, sl
 
 def build_demo(led: Ledger) -> None:
     with led.session() as s:
-        c = q.create_campaign(s, name="demo-run", digest="ab" * 32, spec_json={"name": "demo-run"}, source="",
-                              site="local", workdir="/w/demo-run")
-        smoke, scaling, long_run = q.ensure_stage_runs(s, c, [("smoke", "smoke"), ("scaling", "scaling"),
-                                                              ("long-run", "long_run")])
-        q.set_campaign_state(s, c, "running")
+        c = writes.create_campaign(s, name="demo-run", digest="ab" * 32, spec_json={"name": "demo-run"}, source="",
+                                   site="local", workdir="/w/demo-run")
+        smoke, scaling, long_run = writes.ensure_stage_runs(s, c, [("smoke", "smoke"), ("scaling", "scaling"),
+                                                                   ("long-run", "long_run")])
+        writes.set_campaign_state(s, c, "running")
         # smoke: one attempt on 2 nodes
-        q.set_stage_state(s, smoke, "running")
-        a = q.create_attempt(s, smoke, nodes=["local-n0", "local-n1"], ranks_per_node=1, run_dir="/w/smoke/a1")
-        q.ingest_steps(s, a, steps(1, 5))
-        q.finish_attempt(s, a, state="succeeded", exit_code=0, suspects=[], summary={"duration_s": 7.5})
-        q.set_stage_state(s, smoke, "passed", verdict="2/2 ranks reported; all-reduce 3 == 3; 5 steps, loss finite",
-                          numbers={"expected_ranks": 2, "ranks_reported": 2, "steps_done": 5})
+        writes.set_stage_state(s, smoke, "running")
+        a = writes.create_attempt(s, smoke, nodes=["local-n0", "local-n1"], ranks_per_node=1, run_dir="/w/smoke/a1")
+        writes.ingest_steps(s, a, steps(1, 5))
+        writes.finish_attempt(s, a, state="succeeded", exit_code=0, suspects=[], summary={"duration_s": 7.5})
+        writes.set_stage_state(s, smoke, "passed", verdict="2/2 ranks reported; all-reduce 3 == 3; 5 steps, loss finite",
+                               numbers={"expected_ranks": 2, "ranks_reported": 2, "steps_done": 5})
         # scaling: 1 and 2 nodes
-        q.set_stage_state(s, scaling, "running")
+        writes.set_stage_state(s, scaling, "running")
         for n in (1, 2):
-            a = q.create_attempt(s, scaling, nodes=[f"local-n{i}" for i in range(n)], ranks_per_node=1,
-                                 run_dir=f"/w/scaling/a{n}", label=f"{n} node(s)", tokens_base=int(scaling.tokens))
-            q.ingest_steps(s, a, steps(1, 20))
-            q.finish_attempt(s, a, state="succeeded", exit_code=0, suspects=[], summary={})
-        q.set_stage_state(s, scaling, "passed", verdict="2 node counts; efficiency at 2 node(s) 0.82",
-                          numbers={"table": SCALING_TABLE, "min_efficiency": 0.25})
+            a = writes.create_attempt(s, scaling, nodes=[f"local-n{i}" for i in range(n)], ranks_per_node=1,
+                                      run_dir=f"/w/scaling/a{n}", label=f"{n} node(s)", tokens_base=int(scaling.tokens))
+            writes.ingest_steps(s, a, steps(1, 20))
+            writes.finish_attempt(s, a, state="succeeded", exit_code=0, suspects=[], summary={})
+        writes.set_stage_state(s, scaling, "passed", verdict="2 node counts; efficiency at 2 node(s) 0.82",
+                               numbers={"table": SCALING_TABLE, "min_efficiency": 0.25})
         # long run: attempt 1 stalls at step 60 (local-n1 blamed), is excluded; attempt 2 resumes from step 40
-        q.set_stage_state(s, long_run, "running")
-        a1 = q.create_attempt(s, long_run, nodes=["local-n0", "local-n1"], ranks_per_node=1, run_dir="/w/long/a1")
-        q.ingest_steps(s, a1, steps(1, 60, slow_at=30))
+        writes.set_stage_state(s, long_run, "running")
+        a1 = writes.create_attempt(s, long_run, nodes=["local-n0", "local-n1"], ranks_per_node=1, run_dir="/w/long/a1")
+        writes.ingest_steps(s, a1, steps(1, 60, slow_at=30))
         suspects = [{"node": "local-n1", "reason": "no heartbeat for 30 s"}]
-        q.finish_attempt(s, a1, state="stalled", exit_code=124, suspects=suspects, summary={"killed_by": "watchdog"})
-        q.exclude_node(s, site="local", node="local-n1", reason="stalled: no heartbeat for 30 s", attempt=a1,
-                       evidence={"attempt": a1.id})
-        q.add_event(s, c, "node_excluded", "excluded local-n1: no heartbeat for 30 s", stage_run=long_run, attempt=a1)
-        q.add_event(s, c, "relaunch", "long-run: relaunch 2 from checkpoint step 40 (after stalled)", stage_run=long_run)
-        a2 = q.create_attempt(s, long_run, nodes=["local-n0", "local-n2"], ranks_per_node=1, run_dir="/w/long/a2",
-                              tokens_base=0)
-        q.ingest_steps(s, a2, steps(41, 100, offset=0.01))
-        q.finish_attempt(s, a2, state="succeeded", exit_code=0, suspects=[], summary={})
-        q.set_stage_state(s, long_run, "passed", verdict="reached 51,200 tokens (step 100) in 2 attempt(s); final loss 1.2100",
-                          numbers={"attempts": 2, "last_step": 100, "exit_classes": ["stalled", "succeeded"]})
-        q.set_campaign_state(s, c, "succeeded")
+        writes.finish_attempt(s, a1, state="stalled", exit_code=124, suspects=suspects, summary={"killed_by": "watchdog"})
+        writes.exclude_node(s, site="local", node="local-n1", reason="stalled: no heartbeat for 30 s", attempt=a1,
+                            evidence={"attempt": a1.id})
+        writes.add_event(s, c, "node_excluded", "excluded local-n1: no heartbeat for 30 s", stage_run=long_run, attempt=a1)
+        writes.add_event(s, c, "relaunch", "long-run: relaunch 2 from checkpoint step 40 (after stalled)", stage_run=long_run)
+        a2 = writes.create_attempt(s, long_run, nodes=["local-n0", "local-n2"], ranks_per_node=1, run_dir="/w/long/a2",
+                                   tokens_base=0)
+        writes.ingest_steps(s, a2, steps(41, 100, offset=0.01))
+        writes.finish_attempt(s, a2, state="succeeded", exit_code=0, suspects=[], summary={})
+        writes.set_stage_state(s, long_run, "passed", verdict="reached 51,200 tokens (step 100) in 2 attempt(s); final loss 1.2100",
+                               numbers={"attempts": 2, "last_step": 100, "exit_classes": ["stalled", "succeeded"]})
+        writes.set_campaign_state(s, c, "succeeded")
     _fix_times(led)
 
 

@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from campaign import export, plots
-from campaign.ledger import Ledger
-from campaign.ledger import queries as q
+from campaign.ledger import Ledger, reads, writes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,9 +27,9 @@ def png_size(path: Path) -> tuple[int, int]:
 
 def _series(led: Ledger, name: str = "demo-run", **kw: Any) -> list[dict[str, Any]]:
     with led.session() as s:
-        c = q.get_campaign(s, name)
+        c = reads.get_campaign(s, name)
         assert c is not None
-        return q.sample_campaign_steps(s, c, **kw)
+        return reads.sample_campaign_steps(s, c, **kw)
 
 
 def _lines(fig: Any) -> dict[str, Any]:
@@ -41,9 +40,9 @@ def test_progress_plot_matches_the_ledger(demo: Ledger, tmp_path: Path) -> None:
     fig = plots.progress_figure([_series(demo)])
     lines = _lines(fig)
     with demo.session() as s:
-        pairs = q.list_attempts(s, q.get_campaign(s, "demo-run"))
+        pairs = reads.list_attempts(s, reads.get_campaign(s, "demo-run"))
         for run, a in pairs:
-            rows = q.list_steps(s, a.id)
+            rows = reads.list_steps(s, a.id)
             line = lines[f"demo-run/{run.name}/{a.number}"]
             assert list(line.get_xdata()) == [a.tokens_base + r.tokens for r in rows]
             assert list(line.get_ydata()) == [r.loss for r in rows]
@@ -56,7 +55,7 @@ def test_progress_plot_of_several_runs_with_reference(demo: Ledger, tmp_path: Pa
     curves = export.read_curves(REPO / "examples" / "auroragpt-progress.csv")
     with demo.session() as s:
         for run, runs in curves.items():
-            q.import_reference(s, f"agpt-{run}", runs, source="auroragpt-progress.csv")
+            writes.import_reference(s, f"agpt-{run}", runs, source="auroragpt-progress.csv")
     fig = plots.progress_figure([_series(demo), _series(demo, "agpt-256N")], reference=curves, log_x=True)
     lines = _lines(fig)
     # stage 2 of an imported run continues stage 1: drawn joined to its end point
@@ -71,7 +70,7 @@ def test_progress_plot_of_several_runs_with_reference(demo: Ledger, tmp_path: Pa
 
 def test_scaling_plot(demo: Ledger, tmp_path: Path) -> None:
     with demo.session() as s:
-        table = q.describe_campaign(s, q.get_campaign(s, "demo-run"))["scaling"][0]["rows"]
+        table = reads.describe_campaign(s, reads.get_campaign(s, "demo-run"))["scaling"][0]["rows"]
     fig = plots.scaling_figure([("demo-run", table)], min_efficiency=0.25)
     lines = _lines(fig)
     assert list(lines["demo-run/tokens_per_s"].get_xdata()) == [1, 2]
@@ -173,9 +172,9 @@ def test_the_cli_imports_no_matplotlib_torch_or_parsl() -> None:
 
 def test_sampling_of_a_sparsely_logged_attempt(demo: Ledger) -> None:
     with demo.session() as s:
-        run = q.get_stage_run(s, "demo-run", "smoke")
-        a = q.create_attempt(s, run, nodes=["n0"], ranks_per_node=1, run_dir="/w/sparse")
-        q.ingest_steps(s, a, [{"step": 10 * i, "tokens": 5120 * i, "loss": 1.0 / i} for i in range(1, 101)])
-        got = q.sample_steps(s, [a], max_points=10)[a.id]
+        run = reads.get_stage_run(s, "demo-run", "smoke")
+        a = writes.create_attempt(s, run, nodes=["n0"], ranks_per_node=1, run_dir="/w/sparse")
+        writes.ingest_steps(s, a, [{"step": 10 * i, "tokens": 5120 * i, "loss": 1.0 / i} for i in range(1, 101)])
+        got = reads.sample_steps(s, [a], max_points=10)[a.id]
     steps = [r[0] for r in got]
     assert 5 <= len(steps) <= 12 and steps[0] == 10 and steps[-1] == 1000

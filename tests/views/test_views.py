@@ -11,13 +11,14 @@ import pytest
 import sqlalchemy as sa
 
 from campaign.ledger import Ledger
-from campaign.ledger import queries as q
+from campaign.ledger import reads, writes
 from campaign.progress import Progress
 from campaign.stagebase import Verdict
 from campaign.views import campaign_detail, campaigns_table
 
-STAGE_KEYS = {"name", "kind", "state", "attempts", "tokens", "last_loss", "verdict"}
-DETAIL_KEYS = {"site", "version", "updated", "attempts_detail", "stage_numbers", "exclusions", "scaling", "events"}
+STAGE_KEYS = {"name", "kind", "state", "attempts", "tokens", "last_loss", "verdict", "goodput", "checkpoint_interval"}
+DETAIL_KEYS = {"site", "version", "updated", "attempts_detail", "stage_numbers", "exclusions", "scaling", "events",
+               "warnings"}
 
 
 def render(renderable: Any) -> str:
@@ -30,9 +31,9 @@ def render(renderable: Any) -> str:
 
 def _detail(led: Ledger) -> dict[str, Any]:
     with led.session() as s:
-        c = q.get_campaign(s, "demo-run")
+        c = reads.get_campaign(s, "demo-run")
         assert c is not None
-        return q.describe_campaign(s, c)
+        return reads.describe_campaign(s, c)
 
 
 def test_campaign_detail_shows_relaunch_and_excluded_node(demo: Ledger, golden: Any) -> None:
@@ -49,7 +50,7 @@ def test_campaign_list(demo_url: str, run_cli: Any, golden: Any) -> None:
 
 def test_detail_keys_are_additions_only(demo: Ledger) -> None:
     d = _detail(demo)
-    assert set(d) == {"name", "state", "stages", "excluded_nodes"} | DETAIL_KEYS
+    assert set(d) == {"name", "state", "stages", "excluded_nodes", "goodput"} | DETAIL_KEYS
     assert all(set(st) == STAGE_KEYS for st in d["stages"])
     assert d["excluded_nodes"] == ["local-n1"]
     assert [(a["stage"], a["number"], a["state"]) for a in d["attempts_detail"]][-2:] == [
@@ -61,11 +62,12 @@ def test_status_json_shape_is_unchanged(demo_url: str, run_cli: Any) -> None:
     code, out, err = run_cli("status", "demo-run", "--json", "--db", demo_url)
     assert code == 0, err
     d = json.loads(out)
-    assert set(d) - DETAIL_KEYS == {"name", "state", "stages", "excluded_nodes"}
+    assert set(d) - DETAIL_KEYS == {"name", "state", "stages", "excluded_nodes", "goodput"}
     assert [set(st) for st in d["stages"]] == [STAGE_KEYS] * 3
     assert (d["name"], d["state"], d["excluded_nodes"]) == ("demo-run", "succeeded", ["local-n1"])
     assert d["stages"][2] == {"name": "long-run", "kind": "long_run", "state": "passed", "attempts": 2,
-                              "tokens": 51200, "last_loss": pytest.approx(1.724286), "verdict": d["stages"][2]["verdict"]}
+                              "tokens": 51200, "last_loss": pytest.approx(1.724286), "verdict": d["stages"][2]["verdict"],
+                              "goodput": d["stages"][2]["goodput"], "checkpoint_interval": None}
 
 
 def test_status_never_reads_step_metrics(demo: Ledger) -> None:
@@ -79,7 +81,7 @@ def test_watch_prints_on_change_and_stops(demo_url: str, run_cli: Any, demo: Led
     code, out, _ = run_cli("status", "demo-run", "--watch", "--interval", "0.1", "--db", demo_url)
     assert code == 0 and out.count("campaign demo-run") == 1  # not running: one view, then stop
     with demo.session() as s:
-        q.set_campaign_state(s, q.get_campaign(s, "demo-run"), "running")
+        writes.set_campaign_state(s, reads.get_campaign(s, "demo-run"), "running")
     code, out, _ = run_cli("status", "demo-run", "--watch", "--interval", "0.1", "--count", "3", "--db", demo_url)
     assert code == 0 and out.count("campaign demo-run") == 1  # unchanged: printed once in a log
     assert "\x1b" not in out

@@ -1,0 +1,209 @@
+"""Claim: the built-in trainer trains as fast as nanoGPT on one GPU, at nanoGPT's shapes.
+
+    python benchmarks/vs_nanogpt.py --nanogpt ~/nanoGPT                    # both shapes
+    python benchmarks/vs_nanogpt.py --nanogpt ~/nanoGPT --shape gpt2-124m --steps 30
+    python benchmarks/vs_nanogpt.py --nanogpt ~/nanoGPT --rehearsal        # CPU, tiny: checks the script
+
+`--nanogpt DIR` is a checkout of https://github.com/karpathy/nanoGPT (only its model.py is
+used: `GPTConfig`, `GPT`, `GPT.configure_optimizers`). Nothing of it is copied here.
+
+Each side runs in its own process, one after the other on the same device, on the same
+token file (random uint16 tokens, read through np.memmap by both):
+
+- **nanogpt**: its model under the settings of its train.py: `torch.compile(model)`, bf16
+  autocast, TF32 on, fused AdamW from `configure_optimizers` (weight decay 0.1, betas
+  0.9/0.95), gradient clipping at 1.0, `bias=False`, `dropout=0`, the next batch fetched
+  (pinned, non-blocking) while the GPU runs the backward, `loss.item()` every step (its
+  default `log_interval = 1`), step time as train.py measures it.
+- **campaign**: `python -m campaign.train --config FILE`, the trainer a campaign launches,
+  unchanged: the same shape (`activation: gelu`, 4x MLP, tied embeddings; RMSNorm and
+  rotary positions are ours), `compile: true`, bf16, the same optimizer settings,
+  `deterministic: false` (what every stage but the resume test uses), no checkpoints, its
+  data from the same file. Step times are those it writes to metrics.jsonl.
+
+Shapes: gpt2-124m (12 x 768, T 1024, batch 12) and 1b (24 x 2048, 16 heads, T 2048, batch
+16, 1.31B parameters), both with nanoGPT's 50304-token vocabulary. Reported: the median step
+time over the timed steps (after `--warmup` untimed ones, which include compilation),
+tokens/s from it, and the ratio campaign / nanogpt. `--repeat N` alternates the order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPES = {  # name: (n_layer, n_head, d_model, seq_len, batch)
+    "gpt2-124m": (12, 12, 768, 1024, 12),
+    "1b": (24, 16, 2048, 2048, 16),
+    "tiny": (2, 2, 64, 64, 4),  # --rehearsal only
+}
+VOCAB = 50304
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nanogpt", type=Path, required=True, help="a checkout of karpathy/nanoGPT (its model.py)")
+    p.add_argument("--shape", action="append", choices=sorted(SHAPES),
+                   help="repeatable (default: gpt2-124m and 1b)")
+    p.add_argument("--batch", type=int, default=None, help="sequences per step (default: the shape's)")
+    p.add_argument("--steps", type=int, default=30, help="timed steps per side")
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps first (compilation)")
+    p.add_argument("--repeat", type=int, default=1, help="run both sides this many times, order alternating")
+    p.add_argument("--rehearsal", action="store_true", help="CPU, tiny shape, fp32, no compile")
+    p.add_argument("--side", choices=["nanogpt"], help=argparse.SUPPRESS)  # the worker process
+    p.add_argument("--tokens", type=Path, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# --- the nanoGPT side (its own process) ----------------------------------------------------
+
+def nanogpt_worker(args: argparse.Namespace) -> None:
+    import numpy as np
+    import torch
+
+    spec = importlib.util.spec_from_file_location("nanogpt_model", args.nanogpt / "model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    layers, heads, width, seq, batch = SHAPES[args.shape[0]]
+    batch = args.batch or batch
+    cuda = not args.rehearsal
+    dev = "cuda" if cuda else "cpu"
+    torch.manual_seed(1337)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    model = mod.GPT(mod.GPTConfig(n_layer=layers, n_head=heads, n_embd=width, block_size=seq,
+                                  vocab_size=VOCAB, bias=False, dropout=0.0)).to(dev)
+    optim = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), dev)
+    if cuda:
+        model = torch.compile(model)
+    ctx = torch.autocast(dev, dtype=torch.bfloat16, enabled=cuda)
+    data = np.memmap(args.tokens, dtype=np.uint16, mode="r")
+
+    def get_batch():
+        ix = torch.randint(len(data) - seq, (batch,))
+        x = torch.stack([torch.from_numpy(data[i:i + seq].astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + seq].astype(np.int64)) for i in ix])
+        if cuda:
+            return x.pin_memory().to(dev, non_blocking=True), y.pin_memory().to(dev, non_blocking=True)
+        return x, y
+
+    times = []
+    x, y = get_batch()
+    t0 = time.time()
+    for it in range(args.warmup + args.steps):
+        with ctx:
+            _, loss = model(x, y)
+        x, y = get_batch()  # prefetch while the GPU works, as train.py does
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        loss.item()
+        t1 = time.time()
+        if it >= args.warmup:
+            times.append(t1 - t0)
+        t0 = t1
+    mem = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+    print(json.dumps({"step_s": times, "mem_gib": mem}))
+
+
+def run_nanogpt(args: argparse.Namespace, shape: str, tokens: Path) -> dict:
+    cmd = [sys.executable, __file__, "--side", "nanogpt", "--nanogpt", str(args.nanogpt), "--shape", shape,
+           "--tokens", str(tokens), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    cmd += ["--batch", str(args.batch)] if args.batch else []
+    cmd += ["--rehearsal"] if args.rehearsal else []
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode:
+        sys.exit(f"nanogpt side failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+# --- the campaign side: the trainer as a campaign launches it -------------------------------
+
+def run_campaign(args: argparse.Namespace, shape: str, tokens: Path, tmp: Path) -> dict:
+    layers, heads, width, seq, batch = SHAPES[shape]
+    run = tmp / f"run-{shape}-{time.monotonic_ns()}"
+    run.mkdir()
+    cfg = {
+        "model": {"size": "tiny", "n_layer": layers, "n_head": heads, "d_model": width, "seq_len": seq,
+                  "vocab_size": VOCAB, "activation": "gelu", "tie_embeddings": True},
+        "data": {"source": "file", "path": str(tokens), "dtype": "uint16"},
+        "train": {"micro_batch_size": args.batch or batch, "compile": not args.rehearsal,
+                  "precision": "fp32" if args.rehearsal else "bf16", "deterministic": False,
+                  "lr": 6e-4, "warmup_steps": 0, "weight_decay": 0.1, "max_grad_norm": 1.0,
+                  "device": "cpu" if args.rehearsal else "auto", "checkpoint_every": 0, "log_every": 1},
+        "run": {"max_steps": args.warmup + args.steps, "checkpoint_dir": str(run / "ckpt"),
+                "checkpoint_final": False, "resume": False},
+    }
+    (run / "trainer.json").write_text(json.dumps(cfg))
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "CAMPAIGN_RUN_DIR": str(run), "PYTHONPATH": path}
+    p = subprocess.run([sys.executable, "-m", "campaign.train", "--config", str(run / "trainer.json")],
+                       env=env, capture_output=True, text=True)
+    if p.returncode:
+        sys.exit(f"campaign side failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r.get("step", 0) > args.warmup]
+    return {"step_s": [r["step_time_s"] for r in rows], "mem_gib": rows[-1].get("mem_peak_gib")}
+
+
+# --- the comparison --------------------------------------------------------------------------
+
+def summarise(name: str, shape: str, batch: int, out: dict) -> dict:
+    seq = SHAPES[shape][3]
+    step = statistics.median(out["step_s"])
+    return {"side": name, "shape": shape, "batch": batch, "step_ms": 1000 * step,
+            "tokens_per_s": batch * seq / step, "mem_gib": out["mem_gib"]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    if args.side:
+        return nanogpt_worker(args)
+    if not (args.nanogpt / "model.py").is_file():
+        sys.exit(f"--nanogpt {args.nanogpt}: no model.py there (a checkout of karpathy/nanoGPT)")
+    shapes = args.shape or (["tiny"] if args.rehearsal else ["gpt2-124m", "1b"])
+    import numpy as np
+
+    with tempfile.TemporaryDirectory(prefix="vs-nanogpt-") as d:
+        tmp = Path(d)
+        tokens = tmp / "tokens.bin"
+        np.random.default_rng(0).integers(0, 50257, size=20_000_000, dtype=np.uint16).tofile(tokens)
+        rows, ratios = [], []
+        for shape in shapes:
+            batch = args.batch or SHAPES[shape][4]
+            got: dict[str, list[dict]] = {"campaign": [], "nanogpt": []}
+            for r in range(args.repeat):
+                order = ["campaign", "nanogpt"] if r % 2 == 0 else ["nanogpt", "campaign"]
+                for side in order:
+                    out = (run_campaign(args, shape, tokens, tmp) if side == "campaign"
+                           else run_nanogpt(args, shape, tokens))
+                    got[side].append(summarise(side, shape, batch, out))
+                    print(f"# {shape} run {r + 1} {side}: {got[side][-1]['tokens_per_s']:,.0f} tokens/s",
+                          file=sys.stderr, flush=True)
+            best = {side: max(v, key=lambda x: x["tokens_per_s"]) for side, v in got.items()}
+            rows += [best["nanogpt"], best["campaign"]]
+            ratios.append((shape, best["campaign"]["tokens_per_s"] / best["nanogpt"]["tokens_per_s"]))
+    import torch
+
+    dev = "cpu" if args.rehearsal else torch.cuda.get_device_name()
+    print(f"# device={dev} torch={torch.__version__} steps={args.steps} warmup={args.warmup} repeat={args.repeat}")
+    print(f"{'shape':<11}{'side':<10}{'batch':>6}{'step(ms)':>10}{'tokens/s':>12}{'mem(GiB)':>10}")
+    for r in rows:
+        mem = f"{r['mem_gib']:>10.1f}" if r["mem_gib"] is not None else f"{'-':>10}"
+        print(f"{r['shape']:<11}{r['side']:<10}{r['batch']:>6}{r['step_ms']:>10.2f}{r['tokens_per_s']:>12,.0f}{mem}")
+    for shape, ratio in ratios:
+        print(f"ratio campaign/nanogpt at {shape}: {ratio:.3f}x tokens/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""The trainer contract's inputs: the command line, the environment and the checkpoint layout
+of one attempt, for the built-in trainer and for a trainer of your own (docs/trainer-contract.md).
+
+    argv = command_line(trainer, values, spec_dir)   # the template, expanded; nothing appended
+    env = target_environment(run, spec_dir, resume_from)
+    list_checkpoints(trainer.checkpoints, ckpt_dir)  # the trainer's own layout, or step-NNNNNNNN/
+
+`attempt.build_request` is the only caller of the first two, so the supervisor, the
+bisection drill and `--dry-run` see the same command line. Stdlib and pydantic models only.
+"""
+
+from __future__ import annotations
+
+import re
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from campaign import report
+from campaign.train.config import DEFAULT_COMMAND, CheckpointLayout, TrainConfig, TrainerConfig
+
+if TYPE_CHECKING:
+    from campaign.spec import CampaignSpec
+
+_SCRIPT = re.compile(r"^(\./|\.\./)|\.(py|sh)$")
+"""An argument that names a script: resolved against the campaign file's folder when relative."""
+
+
+def placeholder_values(cfg: TrainerConfig, *, run_dir: Path, config: Path, hostfile: Path,
+                       spec_dir: Path) -> dict[str, str]:
+    """The value of every placeholder of `trainer.command` for one attempt."""
+    run = cfg.run
+    return {
+        "config": str(config), "run_dir": str(run_dir), "checkpoint_dir": run.checkpoint_dir,
+        "max_steps": str(run.max_steps), "max_tokens": str(run.max_tokens or 0), "resume": str(int(run.resume)),
+        "checkpoint_every": str(cfg.train.checkpoint_every), "checkpoint_at": ",".join(map(str, run.checkpoint_at)),
+        "attempt": str(run.attempt), "hostfile": str(hostfile), "spec_dir": str(spec_dir),
+        "python": "{python}",  # stays: the supervisor's interpreter, filled in by the launch plan
+    }
+
+
+def command_line(trainer: TrainConfig, values: dict[str, str], spec_dir: Path,
+                 resume_from: dict[str, Any] | None = None) -> list[str]:
+    """The trainer's argv: its template with the placeholders filled in, scripts resolved
+    against `spec_dir`, and `trainer.resume_args` when the attempt resumes from a checkpoint."""
+    template = list(trainer.command or DEFAULT_COMMAND)
+    argv = [_expand(_resolve(a, spec_dir), values) for a in template]
+    if resume_from is not None:
+        extra = {**values, "resume_path": str(resume_from["path"]), "resume_step": str(resume_from["step"])}
+        argv += [_expand(a, extra) for a in trainer.resume_args]
+    return argv
+
+
+def _expand(arg: str, values: dict[str, str]) -> str:
+    return arg.format_map(values)
+
+
+def _resolve(arg: str, spec_dir: Path) -> str:
+    if "{" in arg or arg.startswith("-") or Path(arg).is_absolute() or not _SCRIPT.search(arg):
+        return arg
+    return str(spec_dir / arg)
+
+
+def target_environment(cfg: TrainerConfig, spec_dir: Path, resume_from: dict[str, Any] | None) -> dict[str, str]:
+    """The attempt's targets as environment variables (CAMPAIGN_MAX_STEPS, ...)."""
+    run = cfg.run
+    env = {
+        "CAMPAIGN_MAX_STEPS": str(run.max_steps), "CAMPAIGN_CHECKPOINT_DIR": run.checkpoint_dir,
+        "CAMPAIGN_CHECKPOINT_EVERY": str(cfg.train.checkpoint_every), "CAMPAIGN_RESUME": str(int(run.resume)),
+        "CAMPAIGN_SPEC_DIR": str(spec_dir),
+    }
+    if run.max_tokens is not None:
+        env["CAMPAIGN_MAX_TOKENS"] = str(run.max_tokens)
+    if run.checkpoint_at:
+        env["CAMPAIGN_CHECKPOINT_AT"] = ",".join(map(str, run.checkpoint_at))
+    if resume_from is not None:
+        env["CAMPAIGN_RESUME_FROM"] = str(resume_from["path"])
+    return env
+
+
+def list_checkpoints(layout: CheckpointLayout | None, checkpoint_dir: str | Path) -> list[dict[str, Any]]:
+    """Checkpoints in `checkpoint_dir`, oldest first, as `report.list_checkpoints` gives them:
+    {step, tokens, path, complete, time}; with `layout`, the trainer's own files or folders."""
+    if layout is None:
+        return report.list_checkpoints(checkpoint_dir)
+    root = Path(checkpoint_dir)
+    pattern = re.compile(layout.step_pattern)
+    out = []
+    for path in root.glob(layout.glob) if root.is_dir() else []:
+        m = pattern.search(path.name)
+        if m is None:
+            continue
+        out.append({"step": int(m["step"]), "tokens": None, "path": str(path), "complete": _complete(layout, path),
+                    "time": path.stat().st_mtime})
+    return sorted(out, key=lambda c: c["step"])
+
+
+def _complete(layout: CheckpointLayout, path: Path) -> bool:
+    if layout.complete == "zip":
+        return path.is_file() and zipfile.is_zipfile(path)
+    if layout.complete == "marker":
+        return (path / layout.marker).exists()
+    return path.exists()
+
+
+def newest_complete(layout: CheckpointLayout | None, checkpoint_dir: str | Path) -> dict[str, Any] | None:
+    """The newest complete checkpoint, or None."""
+    done = [c for c in list_checkpoints(layout, checkpoint_dir) if c["complete"]]
+    return done[-1] if done else None
+
+
+BUILT_IN_ONLY = ("parallelism", "micro_batch_size", "grad_accum", "lr", "min_lr_ratio", "warmup_steps", "schedule",
+                 "schedule_steps", "weight_decay", "max_grad_norm", "precision", "compile",
+                 "activation_checkpointing", "device", "backend", "deterministic", "seed", "keep_last", "log_every")
+"""`trainer` fields only the built-in trainer reads (a command of your own gets them only in trainer.json)."""
+
+
+def custom_trainer_warnings(spec: CampaignSpec) -> list[str]:
+    """Fields a spec sets that its own trainer command will not see unless it reads trainer.json."""
+    if spec.trainer.command is None:
+        return []
+    out = []
+    for section in ("model", "data"):
+        if getattr(spec, section).model_fields_set:
+            out.append(f"{section}: set, but trainer.command runs your own trainer, which gets it only in "
+                       "trainer.json ({config}); the built-in trainer's section")
+    own = sorted(set(BUILT_IN_ONLY) & spec.trainer.model_fields_set)
+    if own:
+        out.append(f"trainer.{', trainer.'.join(own)}: built-in trainer field(s); your command gets them only in "
+                   "trainer.json ({config})")
+    for i, st in enumerate(spec.stages):
+        if getattr(st, "faults", None):
+            out.append(f"stages[{i}].faults: fault injection is the built-in trainer's; your trainer ignores it")
+        if getattr(st, "tokens", None) and spec.trainer.progress == "stdout":
+            out.append(f"stages[{i}].tokens: a token target needs tokens in the progress lines; with progress: "
+                       "stdout give `steps` unless step_pattern has a `tokens` group")
+    return out

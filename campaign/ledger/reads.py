@@ -1,0 +1,303 @@
+"""The ledger's read models: every query that only reads, as `verb_noun(session, ...)`.
+
+Status reads only campaign / stage_run / attempt / exclusion / event rows (their counters),
+never step_metric. Plot queries downsample in SQL on the (attempt_id, step) unique index,
+so a 1,000,000-step campaign costs a few thousand rows, not a million. Units of work that
+change the ledger are in `campaign.ledger.writes`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from campaign import goodput
+from campaign.errors import CampaignError
+from campaign.ledger.models import Attempt, Campaign, Event, Exclusion, Lease, StageRun, StepMetric, utcnow
+
+
+METRIC_FIELDS = ("loss", "step_time_s", "tokens_per_s", "mfu", "comm_time_s", "mem_peak_gib", "lr", "grad_norm", "time")
+
+
+def get_campaign(s: Session, name: str) -> Campaign | None:
+    return s.scalar(sa.select(Campaign).where(Campaign.name == name))
+
+
+def list_campaigns(s: Session) -> Sequence[Campaign]:
+    return s.scalars(sa.select(Campaign).order_by(Campaign.updated.desc())).all()
+
+
+def current_stage_runs(s: Session, c: Campaign) -> Sequence[StageRun]:
+    q = sa.select(StageRun).where(StageRun.campaign_id == c.id, StageRun.version == c.version)
+    return s.scalars(q.order_by(StageRun.position)).all()
+
+
+def get_stage_run(s: Session, campaign: str, stage: str) -> StageRun | None:
+    """The newest stage run named `stage` of campaign `campaign` (any version)."""
+    q = (sa.select(StageRun).join(Campaign).where(Campaign.name == campaign, StageRun.name == stage)
+         .order_by(StageRun.version.desc()).limit(1))
+    return s.scalar(q)
+
+
+def list_steps(s: Session, attempt_id: int) -> Sequence[StepMetric]:
+    q = sa.select(StepMetric).where(StepMetric.attempt_id == attempt_id).order_by(StepMetric.step)
+    return s.scalars(q).all()
+
+
+def list_exclusions(s: Session, site: str | None = None, *, active: bool = True,
+                    now: dt.datetime | None = None) -> Sequence[Exclusion]:
+    q = sa.select(Exclusion)
+    if site is not None:
+        q = q.where(Exclusion.site == site)
+    if active:
+        now = now or utcnow()
+        q = q.where(Exclusion.lifted.is_(None), sa.or_(Exclusion.expires.is_(None), Exclusion.expires > now))
+    return s.scalars(q.order_by(Exclusion.node)).all()
+
+
+def get_lease(s: Session, c: Campaign) -> Lease | None:
+    return s.scalar(sa.select(Lease).where(Lease.campaign_id == c.id))
+
+
+def list_open_attempts(s: Session, c: Campaign) -> Sequence[Attempt]:
+    """Attempts still marked running: after a driver crash these are orphans."""
+    q = (sa.select(Attempt).join(StageRun).where(StageRun.campaign_id == c.id, Attempt.state == "running")
+         .order_by(Attempt.id))
+    return s.scalars(q).all()
+
+
+def list_events(s: Session, c: Campaign, *, after_id: int = 0, limit: int = 1000) -> Sequence[Event]:
+    q = sa.select(Event).where(Event.campaign_id == c.id, Event.id > after_id).order_by(Event.id).limit(limit)
+    return s.scalars(q).all()
+
+
+def summarize_campaign(s: Session, c: Campaign) -> dict[str, Any]:
+    """The shape `campaign status NAME --json` prints (scripts rely on it: add keys, never change them)."""
+    stages = [
+        {"name": r.name, "kind": r.kind, "state": r.state, "attempts": r.attempts_count, "tokens": int(r.tokens),
+         "last_loss": jsonable(r.last_loss), "verdict": r.verdict}
+        for r in current_stage_runs(s, c)
+    ]
+    excluded = sorted({e.node for e in list_exclusions(s, c.site)})
+    out = {"name": c.name, "state": c.state, "stages": stages, "excluded_nodes": excluded}
+    return goodput.add_to_summary(s, c, out)
+
+
+def jsonable(value: Any) -> Any:
+    """JSON columns reject NaN on Postgres; store non-finite floats as None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return value
+
+
+ROUTINE_EVENTS = frozenset({"campaign_created", "campaign_state", "stage_state", "attempt_started", "attempt_finished"})
+"""Event kinds every campaign has; the others (watchdog actions, exclusions, relaunches) are news."""
+
+
+def list_attempts(s: Session, c: Campaign) -> Sequence[tuple[StageRun, Attempt]]:
+    """(stage run, attempt) of the campaign's current version, in stage and attempt order."""
+    q = (sa.select(StageRun, Attempt).join(Attempt, Attempt.stage_run_id == StageRun.id)
+         .where(StageRun.campaign_id == c.id, StageRun.version == c.version)
+         .order_by(StageRun.position, Attempt.number))
+    return [(r, a) for r, a in s.execute(q).all()]
+
+
+def attempt_node_count(a: Attempt) -> int:
+    """Nodes of an attempt: its node list, or the count an imported run declared."""
+    return int((a.summary or {}).get("node_count") or len(a.nodes or []))
+
+
+def describe_attempt(run: StageRun, a: Attempt) -> dict[str, Any]:
+    """One attempt as `status --json` shows it under "attempts_detail" (JSON-ready)."""
+    duration = (a.finished - a.started).total_seconds() if a.finished and a.started else None
+    return {"stage": run.name, "number": a.number, "label": a.label, "state": a.state, "exit_code": a.exit_code,
+            "nodes": list(a.nodes or []), "node_count": attempt_node_count(a), "first_step": a.first_step,
+            "last_step": a.last_step, "tokens": int(a.tokens_base + a.tokens) if a.last_step is not None else None,
+            "last_loss": jsonable(a.last_loss), "started": _iso(a.started), "finished": _iso(a.finished),
+            "duration_s": duration, "suspects": [x.get("node") for x in (a.suspects or []) if isinstance(x, dict)],
+            "bad_metric_rows": int(((a.summary or {}).get("bad_metric_rows") or {}).get("count") or 0),
+            "run_dir": a.run_dir or None}
+
+
+def bad_rows_line(bad: dict[str, Any]) -> str:
+    """What a user reads about an attempt's skipped metrics rows (summary["bad_metric_rows"]):
+    the count, the file, the first row's reason."""
+    first = f"; first: {bad['examples'][0]}" if bad.get("examples") else ""
+    return f"{bad.get('count')} bad row(s) of {bad.get('file')} skipped (not valid metrics rows){first}"
+
+
+def attempt_warnings(pairs: Sequence[tuple[StageRun, Attempt]]) -> list[str]:
+    """One line per attempt whose metrics.jsonl held rows ingestion skipped."""
+    return [f"stage {run.name} attempt {a.number}: {bad_rows_line(bad)}" for run, a in pairs
+            if isinstance(bad := (a.summary or {}).get("bad_metric_rows"), dict) and bad.get("count")]
+
+
+def describe_campaign(s: Session, c: Campaign, *, events: int = 10) -> dict[str, Any]:
+    """`summarize_campaign` plus the detail `campaign status NAME` shows, in NEW keys only:
+    site, version, updated, attempts_detail, stage_numbers, exclusions, scaling, events,
+    warnings (one line per attempt whose metrics.jsonl held rows that were skipped)."""
+    out = summarize_campaign(s, c)
+    runs = current_stage_runs(s, c)
+    out["site"], out["version"], out["updated"] = c.site, c.version, _iso(c.updated)
+    pairs = list_attempts(s, c)
+    out["attempts_detail"] = [describe_attempt(r, a) for r, a in pairs]
+    out["warnings"] = attempt_warnings(pairs)
+    out["stage_numbers"] = {r.name: jsonable(r.numbers or {}) for r in runs}
+    out["exclusions"] = [
+        {"node": e.node, "reason": e.reason, "since": _iso(e.created), "expires": _iso(e.expires),
+         "attempt_id": e.attempt_id}
+        for e in list_exclusions(s, c.site)
+    ]
+    out["scaling"] = [{"stage": r.name, "rows": jsonable(r.numbers["table"])}
+                      for r in runs if r.kind == "scaling" and isinstance((r.numbers or {}).get("table"), list)]
+    q = (sa.select(Event).where(Event.campaign_id == c.id, Event.kind.not_in(ROUTINE_EVENTS))
+         .order_by(Event.id.desc()).limit(events))
+    out["events"] = [{"time": _iso(e.created), "kind": e.kind, "message": e.message} for e in reversed(s.scalars(q).all())]
+    return out
+
+
+def sample_steps(s: Session, attempts: Sequence[Attempt], *, max_points: int = 4000,
+                 columns: Sequence[str] = ("loss",)) -> dict[int, list[tuple[Any, ...]]]:
+    """(step, tokens, *columns) rows per attempt id, at most about `max_points` in all.
+
+    The budget is shared by the attempts' step spans; an attempt with more steps than its
+    share keeps every k-th step (counted from its first) and its last one, chosen in SQL
+    through the (attempt_id, step) unique index, so a million steps are never loaded."""
+    spans = {a.id: (a.first_step, a.last_step) for a in attempts if a.first_step is not None and a.last_step is not None}
+    total = sum(last - first + 1 for first, last in spans.values()) or 1
+    cols = [StepMetric.step, StepMetric.tokens, *(getattr(StepMetric, c) for c in columns)]
+    out: dict[int, list[tuple[Any, ...]]] = {}
+    for attempt_id, (first, last) in spans.items():
+        span = last - first + 1
+        share = max(2, max_points * span // total)
+        k = -(-span // share)
+        q = sa.select(*cols).where(StepMetric.attempt_id == attempt_id).order_by(StepMetric.step)
+        if k == 1:
+            out[attempt_id] = [tuple(row) for row in s.execute(q).all()]
+            continue
+        # Dense steps (the usual case): one index seek per wanted step. If the trainer logged
+        # sparsely and most wanted steps are missing, take every k-th logged step instead
+        # (a scan of this attempt's index range, still done in SQL).
+        wanted = [*range(first, last, k), last]
+        rows = s.execute(q.where(StepMetric.step.in_(wanted))).all()
+        if len(rows) < len(wanted) // 2:
+            rows = s.execute(q.where(sa.or_((StepMetric.step - first) % k == 0, StepMetric.step == last))).all()
+        out[attempt_id] = [tuple(row) for row in rows]
+    return out
+
+
+def sample_campaign_steps(s: Session, c: Campaign, *, stage: str | None = None, max_points: int = 4000,
+                          columns: Sequence[str] = ("loss",)) -> list[dict[str, Any]]:
+    """One series per attempt of the campaign (or of one stage), downsampled in SQL: the
+    attempt's description plus `steps`, `tokens` (stage-cumulative: tokens_base added) and
+    one list per column."""
+    pairs = [(r, a) for r, a in list_attempts(s, c) if stage is None or r.name == stage]
+    samples = sample_steps(s, [a for _, a in pairs], max_points=max_points, columns=columns)
+    series = []
+    for run, a in pairs:
+        rows = samples.get(a.id, [])
+        item = {"campaign": c.name, "site": c.site, "stage": run.name, "kind": run.kind, **describe_attempt(run, a),
+                "steps": [r[0] for r in rows], "tokens": [a.tokens_base + r[1] for r in rows]}
+        item["attempt_tokens"] = [r[1] for r in rows]
+        for i, col in enumerate(columns):
+            item[col] = [r[2 + i] for r in rows]
+        series.append(item)
+    return series
+
+
+EXPORT_STEP_COLUMNS = ("stage", "attempt", "label", "nodes", "step", "tokens", "attempt_tokens", *METRIC_FIELDS)
+"""Columns of `ledger export --what steps`: `tokens` is stage-cumulative, `attempt_tokens` as the trainer reported."""
+
+
+def iter_campaign_steps(s: Session, c: Campaign, *, batch: int = 10_000) -> Iterable[dict[str, Any]]:
+    """Every step row of the campaign's current version, streamed (for export)."""
+    pairs = list_attempts(s, c)
+    for run, a in pairs:
+        nodes = attempt_node_count(a)
+        q = (sa.select(StepMetric.step, StepMetric.tokens, *(getattr(StepMetric, f) for f in METRIC_FIELDS))
+             .where(StepMetric.attempt_id == a.id).order_by(StepMetric.step).execution_options(yield_per=batch))
+        for row in s.execute(q):
+            out = {"stage": run.name, "attempt": a.number, "label": a.label, "nodes": nodes, "step": row[0],
+                   "tokens": a.tokens_base + row[1], "attempt_tokens": row[1]}
+            out.update(zip(METRIC_FIELDS, row[2:]))
+            yield out
+
+
+def list_campaign_nodes(s: Session, c: Campaign) -> list[dict[str, Any]]:
+    """Per node the campaign used: attempts on it, failed ones, times named a suspect, and
+    its active exclusion on the campaign's site (if any)."""
+    excluded = {e.node: e for e in list_exclusions(s, c.site)}
+    nodes: dict[str, dict[str, Any]] = {}
+    for _, a in list_attempts(s, c):
+        for n in a.nodes or []:
+            d = nodes.setdefault(n, {"node": n, "attempts": 0, "failed": 0, "suspect": 0})
+            d["attempts"] += 1
+            d["failed"] += a.state not in ("succeeded", "running")
+        for x in a.suspects or []:
+            if isinstance(x, dict) and x.get("node"):
+                nodes.setdefault(x["node"], {"node": x["node"], "attempts": 0, "failed": 0, "suspect": 0})["suspect"] += 1
+    for n in excluded:
+        nodes.setdefault(n, {"node": n, "attempts": 0, "failed": 0, "suspect": 0})
+    for n, d in nodes.items():
+        e = excluded.get(n)
+        d["excluded"] = e is not None
+        d["reason"] = e.reason if e else None
+    return [nodes[n] for n in sorted(nodes)]
+
+
+def _iso(t: dt.datetime | None) -> str | None:
+    return t.strftime("%Y-%m-%d %H:%M:%S") if t is not None else None
+
+
+def summarize_campaign_row(s: Session, c: Campaign) -> dict[str, Any]:
+    """One line of `campaign status` (no NAME): the campaign, the stage it reached, its totals."""
+    runs = current_stage_runs(s, c)
+    reached = next((r for r in reversed(runs) if r.state not in ("pending", "skipped")), None)
+    return {"name": c.name, "site": c.site, "state": c.state, "stage": reached.name if reached else None,
+            # An imported run's stages continue one another (cumulative tokens): its total is the largest.
+            "tokens": int(max((r.tokens for r in runs), default=0) if c.site == "imported" else sum(r.tokens for r in runs)),
+            "last_loss": reached.last_loss if reached else None,
+            "updated": c.updated.strftime("%Y-%m-%d %H:%M")}
+
+
+def require_campaign(s: Session, name: str, display_url: str) -> Campaign:
+    """The campaign named `name`, or a CampaignError that lists the ledger's campaigns."""
+    c = get_campaign(s, name)
+    if c is None:
+        raise no_campaign(name, list_campaigns(s), display_url)
+    return c
+
+
+def no_campaign(name: str, every: Sequence[Campaign], display_url: str) -> CampaignError:
+    """The error for a NAME the ledger does not hold: it lists the campaigns it does hold."""
+    known = ", ".join(sorted(c.name for c in every)) or "none"
+    return CampaignError(f"no campaign named {name!r} in {display_url} (campaigns: {known})")
+
+
+def find_campaigns(s: Session, patterns: Sequence[str], display_url: str) -> list[Campaign]:
+    """Campaigns named by NAME arguments; shell-style wildcards (`auroragpt-*`) allowed."""
+    import fnmatch
+
+    every = sorted(list_campaigns(s), key=lambda c: c.name)
+    found: list[Any] = []
+    for pat in patterns:
+        hits = [c for c in every if fnmatch.fnmatchcase(c.name, pat)]
+        if not hits:
+            raise no_campaign(pat, every, display_url)
+        found += [c for c in hits if c not in found]
+    return found
+
+
+def busiest_stage(s: Session, c: Campaign) -> str | None:
+    """The stage with the most steps (what a `steps` plot shows by default)."""
+    runs = [r for r in current_stage_runs(s, c) if r.steps]
+    return max(runs, key=lambda r: (r.steps, r.attempts_count)).name if runs else None

@@ -1,0 +1,127 @@
+"""The trainer contract's inputs (docs/trainer-contract.md): a trainer of your own gets its
+command line from an explicit template (nothing appended), its scripts resolved against the
+campaign file's folder, its targets as environment variables; `campaign validate` refuses an
+unknown placeholder and warns about fields only the built-in trainer reads."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from campaign import contract
+from campaign.attempt import build_request, trainer_config
+from campaign.spec import CampaignSpec
+from campaign.stagebase import Targets
+
+
+def _spec(trainer: dict[str, Any], **extra: Any) -> CampaignSpec:
+    return CampaignSpec.model_validate({"name": "own", "site": {"kind": "local", "nodes": 2},
+                                        "trainer": trainer, "stages": [{"kind": "smoke"}], **extra})
+
+
+def _request(spec: CampaignSpec, tmp_path: Path, targets: Targets, resume_from: dict[str, Any] | None = None) -> Any:
+    config = trainer_config(spec, targets, stage_dir=tmp_path / "stage", attempt=2)
+    return build_request(spec.site, config, run_dir=tmp_path / "stage" / "attempt-002", nodes=2, excluded=[],
+                         timeout_s=60, master_port=None, spec_dir=tmp_path / "specs", resume_from=resume_from)
+
+
+def test_a_template_is_expanded_and_nothing_is_appended(tmp_path: Path) -> None:
+    spec = _spec({"command": ["{python}", "train.py", "--steps={max_steps}", "--out", "{checkpoint_dir}",
+                              "--tokens", "{max_tokens}", "--resume", "{resume}", "--every", "{checkpoint_every}"]})
+    req = _request(spec, tmp_path, Targets(steps=40, resume=True, train={"checkpoint_every": 10}))
+    ckpt = str(tmp_path / "stage" / "checkpoints")
+    assert req.argv == ["{python}", str(tmp_path / "specs" / "train.py"), "--steps=40", "--out", ckpt,
+                        "--tokens", "0", "--resume", "1", "--every", "10"]
+    assert {k: req.env[k] for k in ("CAMPAIGN_MAX_STEPS", "CAMPAIGN_CHECKPOINT_DIR", "CAMPAIGN_RESUME",
+                                    "CAMPAIGN_CHECKPOINT_EVERY", "CAMPAIGN_RUN_DIR", "CAMPAIGN_SPEC_DIR")} == {
+        "CAMPAIGN_MAX_STEPS": "40", "CAMPAIGN_CHECKPOINT_DIR": ckpt, "CAMPAIGN_RESUME": "1",
+        "CAMPAIGN_CHECKPOINT_EVERY": "10", "CAMPAIGN_RUN_DIR": str(tmp_path / "stage" / "attempt-002"),
+        "CAMPAIGN_SPEC_DIR": str(tmp_path / "specs")}
+    assert "CAMPAIGN_MAX_TOKENS" not in req.env and "CAMPAIGN_RESUME_FROM" not in req.env
+
+
+@pytest.mark.parametrize(("arg", "resolved"), [("train.py", True), ("./run.sh", True), ("../x/t.py", True),
+                                               ("/abs/t.py", False), ("-m", False), ("torchrun", False),
+                                               ("--script=t.py", False), ("{spec_dir}/t.py", False)])
+def test_relative_scripts_resolve_against_the_campaign_files_folder(tmp_path: Path, arg: str, resolved: bool) -> None:
+    req = _request(_spec({"command": ["python", arg]}), tmp_path, Targets(steps=1))
+    expect = str(tmp_path / "specs" / arg) if resolved else arg.replace("{spec_dir}", str(tmp_path / "specs"))
+    assert req.argv == ["python", expect]
+
+
+def test_resume_args_are_added_only_when_resuming_from_a_checkpoint(tmp_path: Path) -> None:
+    spec = _spec({"command": ["python", "t.py"], "resume_args": ["--init_from", "{resume_path}", "--at={resume_step}"]})
+    fresh = _request(spec, tmp_path, Targets(steps=9, resume=True))
+    resumed = _request(spec, tmp_path, Targets(steps=9, resume=True), {"path": "/c/ckpt_4.pt", "step": 4})
+    assert fresh.argv == ["python", str(tmp_path / "specs" / "t.py")]
+    assert resumed.argv[2:] == ["--init_from", "/c/ckpt_4.pt", "--at=4"]
+    assert resumed.env["CAMPAIGN_RESUME_FROM"] == "/c/ckpt_4.pt"
+
+
+def test_the_built_in_trainer_still_gets_its_config(tmp_path: Path) -> None:
+    req = _request(_spec({}), tmp_path, Targets(steps=3))
+    assert req.argv == ["{python}", "-m", "campaign.train", "--config",
+                        str(tmp_path / "stage" / "attempt-002" / "trainer.json")]
+
+
+def _validate(run_cli: Any, tmp_path: Path, text: str) -> tuple[int, str, str]:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return run_cli("validate", path)
+
+
+def test_an_unknown_placeholder_is_refused_naming_the_field(run_cli: Any, tmp_path: Path) -> None:
+    code, out, err = _validate(run_cli, tmp_path, "name: x\ntrainer:\n  command: [python, t.py, '{max_step}']\n"
+                                                  "stages: [{kind: smoke}]\n")
+    assert code == 2 and out == ""
+    assert "trainer.command[2]: unknown placeholder {max_step}" in err and "line 3" in err
+
+
+def test_stdout_progress_needs_a_pattern_with_step_and_loss(run_cli: Any, tmp_path: Path) -> None:
+    code, _, err = _validate(run_cli, tmp_path, "name: x\ntrainer:\n  command: [python, t.py]\n  progress: stdout\n"
+                                                "  step_pattern: 'iter (?P<step>\\d+)'\nstages: [{kind: smoke}]\n")
+    assert code == 2 and "trainer.step_pattern: needs the named group(s) loss" in err
+
+
+def test_validate_warns_about_fields_a_custom_command_ignores(run_cli: Any, tmp_path: Path) -> None:
+    code, out, err = _validate(run_cli, tmp_path, "name: x\nmodel: {size: small}\ntrainer:\n  command: [python, t.py]\n"
+                                                  "  lr: 0.1\n  checkpoint_every: 5\nstages: [{kind: smoke}]\n")
+    assert code == 0 and "valid" in out
+    assert "warning: model: set" in err and "warning: trainer.lr: built-in trainer field" in err
+    assert "checkpoint_every" not in err  # a target every trainer gets ({checkpoint_every})
+    code, _, err = _validate(run_cli, tmp_path, "name: x\nmodel: {size: small}\ntrainer: {lr: 0.1}\n"
+                                                "stages: [{kind: smoke}]\n")
+    assert code == 0 and err == ""
+
+
+def test_checkpoints_of_a_trainers_own_layout_and_their_completeness(tmp_path: Path) -> None:
+    layout = _spec({"command": ["python", "t.py"], "checkpoints": {"glob": "ckpt_*.pt"}}).trainer.checkpoints
+    for step in (5, 10):
+        with zipfile.ZipFile(tmp_path / f"ckpt_{step:06d}.pt", "w") as z:
+            z.writestr("data.pkl", b"x" * 100)
+    whole = (tmp_path / "ckpt_000010.pt").read_bytes()
+    (tmp_path / "ckpt_000015.pt").write_bytes(whole[: len(whole) // 2])  # a save cut short by kill -9
+    found = contract.list_checkpoints(layout, tmp_path)
+    assert [(c["step"], c["complete"]) for c in found] == [(5, True), (10, True), (15, False)]
+    newest = contract.newest_complete(layout, tmp_path)
+    assert newest is not None and newest["step"] == 10
+    assert contract.newest_complete(None, tmp_path) is None  # no step-NNNNNNNN/ folders here
+
+
+def test_progress_lines_are_read_from_an_offset_leaving_a_partial_line(tmp_path: Path) -> None:
+    import re
+
+    from campaign import report
+
+    log = tmp_path / "rank-0.log"
+    pattern = re.compile(r"iter (?P<step>\d+): loss (?P<loss>\S+), (?P<step_time>[\d.]+)s")
+    log.write_text("loading...\niter 1: loss 2.5, 0.5s\niter 2: loss nan, 0.25s\niter 3: lo")
+    rows, offset = report.read_progress_lines(log, pattern)
+    assert [(r["step"], r["step_time_s"]) for r in rows] == [(1, 0.5), (2, 0.25)] and rows[1]["loss"] != rows[1]["loss"]
+    with open(log, "a") as f:
+        f.write("ss 1.9, 0.5s\n")
+    rows, _ = report.read_progress_lines(log, pattern, offset)
+    assert rows == [{"step": 3, "loss": 1.9, "step_time_s": 0.5}]
