@@ -216,6 +216,9 @@ class Fault(_Strict):
     """All ranks of this node."""
     factor: float = Field(default=5.0, gt=1)
     """Slow-down factor for `slow`."""
+    delay_s: float | None = Field(default=None, gt=0)
+    """For `slow`: sleep this many seconds per step instead (a run time that does not
+    depend on the machine's speed)."""
     exit_code: int = Field(default=1, ge=1, le=255)
     """Exit code for `crash`."""
     attempt: int | None = Field(default=None, ge=1)

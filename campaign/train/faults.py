@@ -5,7 +5,7 @@
 - hang_in_collective mark phase "collective" at S and never return
 - crash              exit with `exit_code` at the start of step S
 - slow               from step S on, sleep (factor - 1) x the previous step's time at the
-                     start of every step: a straggler
+                     start of every step: a straggler (or `delay_s` seconds, when given)
 - sigkill            SIGKILL itself at the start of step S
 - data_off_by_one    after a resume from a checkpoint of step >= S, shift the data by one
                      sample (so a resume test can be shown to catch it)
@@ -76,7 +76,9 @@ class Faults:
 
     def slow(self, step: int, last_step_s: float) -> None:
         f = next((f for f in self.mine if f.kind == "slow" and step >= f.step), None)
-        if f is not None:
+        if f is not None and f.delay_s is not None:
+            time.sleep(f.delay_s)
+        elif f is not None:
             # The normal step time, taken once: later steps include the slow-down itself.
             self._slow_base = self._slow_base or last_step_s
             time.sleep((f.factor - 1.0) * self._slow_base)

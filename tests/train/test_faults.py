@@ -105,6 +105,15 @@ def test_slow_fault_stretches_the_step(launch, tmp_path):
     assert times[6] > 3 * usual
 
 
+def test_slow_fault_with_a_delay_sleeps_that_long_at_every_step(launch, tmp_path):
+    run = launch(tiny_config(tmp_path / "ck", run={"max_steps": 6},
+                             faults=[{"kind": "slow", "step": 4, "delay_s": 0.4}]), world=1)
+    assert run.wait() == [0], run.logs()
+    times = {r["step"]: r["step_time_s"] for r in run.metrics()}
+    assert all(times[s] >= 0.4 for s in (4, 5, 6)), times
+    assert max(times[s] for s in (2, 3)) < 0.4, times
+
+
 def test_faults_need_permission(launch, tmp_path):
     run = launch(_long(tmp_path, [{"kind": "crash", "step": 1}]), world=1,
                  env={"CAMPAIGN_ALLOW_FAULTS": None})
