@@ -82,7 +82,9 @@ def test_the_unmodified_version_passes_smoke_loss_check_and_a_long_run_killed_wi
         run = reads.get_stage_run(s, "own-trainer-unmodified", "long-run")
         attempts = [(a.state, a.exit_code, a.first_step, a.last_step, list(a.nodes)) for a in run.attempts]
     ledger.close()
-    (killed, _, _, at, _), (_, _, first, _, _), (final, _, _, last, _) = attempts[0], attempts[1], attempts[-1]
+    (killed, _, _, at, _), (_, _, first, _, _), (final, *_) = attempts[0], attempts[1], attempts[-1]
+    # the last step may come from the attempt before a confirming retry (which then trains nothing)
+    last = max(a[3] or 0 for a in attempts)
     assert (killed, final, last) == ("crashed_node", "succeeded", 600) and at >= first_ckpt
     assert first - 1 >= first_ckpt and (first - 1) % 50 == 0  # resumed from one of its own complete checkpoints
     assert all("local-n1" not in nodes for *_, nodes in attempts[1:])
