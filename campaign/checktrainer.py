@@ -7,18 +7,20 @@ trainer contract needs and is missing, with the fix for each (docs/trainer-contr
 FILE is a campaign file (its `trainer` section: command template, progress, checkpoints,
 resume_args) or a script (run as `{python} FILE`). Two attempts on the local site, 2 virtual
 nodes x 1 rank, through the real supervisor: the first to `steps` with a checkpoint every
-`steps // 2` steps; the second resumes to `steps + steps // 2`. No ledger is touched.
+`steps // 2` steps; the second resumes to `steps + steps // 2`. An attempt that fails without
+evidence either way is run once more, as a stage would. No ledger is touched.
 """
 
 from __future__ import annotations
 
 import math
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from campaign import contract, report
+from campaign import contract, exits, report
 from campaign.attempt import build_request, trainer_config
 from campaign.spec import CampaignSpec
 from campaign.stagebase import Targets
@@ -67,13 +69,34 @@ def check(file: Path, *, steps: int = 6, workdir: Path | None = None, timeout_s:
 
 def _attempt(spec: CampaignSpec, spec_dir: Path, root: Path, number: int, targets: Targets,
              timeout_s: float) -> dict[str, Any]:
+    """One attempt; when it fails without evidence either way (`exits.CONFIRM_ONCE`: a one-off
+    abort, say gloo's teardown), the one confirming rerun a stage would make, from the same
+    checkpoint: its result counts, and says what the first run hit."""
+    ckpt = root / targets.checkpoints
+    resume_from = contract.newest_complete(spec.trainer.checkpoints, ckpt) if targets.resume else None
+    first = _launch(spec, spec_dir, root, f"attempt-{number:03d}", number, targets, resume_from, timeout_s)
+    if first["exit_class"] not in exits.CONFIRM_ONCE:
+        return first
+    since = resume_from["step"] if resume_from else 0
+    for c in contract.list_checkpoints(spec.trainer.checkpoints, ckpt):  # our own scratch folder
+        if c["step"] > since:
+            path = Path(c["path"])
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+    rerun = _launch(spec, spec_dir, root, f"attempt-{number:03d}-rerun", number, targets, resume_from, timeout_s)
+    return {**rerun, "rerun_after": first.get("error") or f"exit {first['exit_code']} ({first['exit_class']})"}
+
+
+def _launch(spec: CampaignSpec, spec_dir: Path, root: Path, name: str, number: int, targets: Targets,
+            resume_from: dict[str, Any] | None, timeout_s: float) -> dict[str, Any]:
     from campaign.supervisor import free_port, supervise
 
-    run_dir = root / f"attempt-{number:03d}"
+    run_dir = root / name
     run_dir.mkdir(parents=True, exist_ok=True)
     config = trainer_config(spec, targets, stage_dir=root, attempt=number)
     ckpt = root / targets.checkpoints
-    resume_from = contract.newest_complete(spec.trainer.checkpoints, ckpt) if targets.resume else None
     request = build_request(spec.site, config, run_dir=run_dir, nodes=NODES, excluded=[], timeout_s=timeout_s,
                             master_port=free_port(), spec_dir=spec_dir, resume_from=resume_from,
                             watchdog=WatchdogPolicy(drill_s=0))
@@ -99,6 +122,8 @@ def _log(a: dict[str, Any]) -> str:
 def _exit(a: dict[str, Any]) -> Finding:
     ok = a["exit_code"] == 0
     seen = "exit 0 on every rank" if ok else f"exit {a['exit_code']} ({a['exit_class']}): {a.get('error') or _log(a)}"
+    if a.get("rerun_after"):
+        seen += f" (in a confirming rerun; the first run: {a['rerun_after']})"
     return Finding("exit codes", ok, seen, "exit 0 once the target step is reached; 93 for a bad config, 94 for a "
                    "non-finite loss (the table in docs/trainer-contract.md)")
 
