@@ -401,8 +401,9 @@ def assess(exits_seen: Sequence[RankExit], *, first_step: bool, nodes: Sequence[
     hardware signatures; death by a node signal on one node alone; the same failure (exit
     code and the last error line's signature, else the normalised line) on two or more nodes; a known software signature;
     a network error; otherwise unknown. The failures considered first are those seen within
-    `same_poll_s` of the first one, unless all of these only report a network error (victims of
-    a lost peer): then those within `same_poll_s` of the first failure without one. Among them
+    `same_poll_s` of the first one, less those that only report a network error (victims of a
+    lost peer) when any does not; if all of them do, those within `same_poll_s` of the first
+    failure without one. Among them
     the primary one is the rank killed by a node signal, then one with a hardware signature,
     then the earliest, then the lowest rank.
     """
@@ -420,7 +421,11 @@ def assess(exits_seen: Sequence[RankExit], *, first_step: bool, nodes: Sequence[
     t0 = min(f.exit.seen_at for f in failed)
     wave = [f for f in failed if f.exit.seen_at - t0 <= same_poll_s]
     causes = [f for f in failed if f.fabric is None]
-    if causes and all(f.fabric is not None for f in wave):
+    if any(f.fabric is None for f in wave):
+        # Victims of a lost peer seen together with a rank without a network error do not lead,
+        # even when their abort (SIGABRT on gloo's exception) reads as death by a signal.
+        wave = [f for f in wave if f.fabric is None]
+    elif causes:
         # The first to fail only report a lost peer: victims, who can die before the rank that
         # failed (its exit may take a while). The failure is the first one without a network error.
         t1 = min(f.exit.seen_at for f in causes)

@@ -288,6 +288,17 @@ def test_a_victim_that_dies_first_does_not_lead(victim_line: str) -> None:
     assert only_victims.rule == "fabric_error" and only_victims.primary["rank"] == 0
 
 
+@pytest.mark.parametrize("victim_line", [NCCL, GLOO_RESET])
+def test_a_victim_seen_in_the_same_poll_does_not_lead_by_its_abort_signal(victim_line: str) -> None:
+    """Seen in CI: rank 1 exits 1 (its own error), rank 0 aborts (134, SIGABRT) on the lost
+    peer, and one poll sees both. Death by a signal must not make the victim the primary."""
+    seen = [x(0, "n1", 134, 10.0, victim_line, "terminate called after throwing an instance of 'gloo::IoException'"),
+            x(1, "n2", 1, 10.0, "campaign.train: fault crash at step 25")]
+    f = assess(seen, first_step=True, nodes=NODES)
+    assert f.primary == {"rank": 1, "node": "n2", "exit_code": 1} and f.log_path == "/run/logs/rank-1.log"
+    assert f.kind == "unknown" and f.suspects == () and f.retry == "confirm_once"
+
+
 def test_a_hardware_signature_names_its_evidence() -> None:
     f = assess([x(0, "n1", 1, 10, NCCL), x(3, "n4", 1, 12, XID, "RuntimeError: CUDA error")],
                first_step=True, nodes=NODES)
