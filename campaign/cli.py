@@ -320,7 +320,11 @@ def validate(file: Path) -> None:
 @_errors
 def check_trainer(file: Path, steps: int) -> None:
     """Run the trainer of FILE (a campaign file, or a script) briefly with 2 local ranks and list
-    what the trainer contract needs and is missing, with the fix for each. Exit 1 if any is missing."""
+    what the trainer contract needs and is missing, with the fix for each. Exit 1 if any is missing.
+
+    Two runs: to --steps with a checkpoint halfway, then a resume from it. A run that fails
+    without evidence either way (a one-off abort) is run once more, as a stage would; the
+    `exit codes` line then says what the first run hit. docs/trainer-contract.md lists the items."""
     from campaign import checktrainer
 
     sys.exit(checktrainer.main(file, steps=steps))
