@@ -482,11 +482,17 @@ def assess(exits_seen: Sequence[RankExit], *, first_step: bool, nodes: Sequence[
     key = _failure_key(primary, job_nodes)
     same_nodes = sorted({f.exit.node for f in failed if _failure_key(f, job_nodes) == key})
     if len(same_nodes) >= 2 and primary.fabric is None:
-        deterministic = not first_step or primary.software is not None
-        return _finding("systemic", "stop" if deterministic else "confirm_once", "same_failure", primary,
-                        f"{head}. The same failure on {len(same_nodes)} nodes ({', '.join(same_nodes)})"
-                        f"{' before the first step' if not first_step else ''}: it is not a node's fault; "
-                        "no node is blamed.", sig=primary.software[0].name if primary.software else None)
+        sig = primary.software[0].name if primary.software else None
+        where = f"{head}. The same failure on {len(same_nodes)} nodes ({', '.join(same_nodes)})"
+        if not first_step or primary.software is not None:  # it will fail the same way again
+            return _finding("systemic", "stop", "same_failure", primary,
+                            f"{where}{' before the first step' if not first_step else ''}: it is not a node's "
+                            "fault; no node is blamed.", sig=sig)
+        # After training started and matching no known error (e.g. every rank aborting in
+        # torch's gloo teardown after the last step): one confirming retry tells a one-off apart.
+        return _finding("unknown", "confirm_once", "same_failure", primary,
+                        f"{where}, after training started and matching no known error: it is not a node's "
+                        "fault; no node is blamed, one confirming retry.", sig=sig)
 
     # 5. A known software signature (and no network error behind it).
     if primary.software is not None and primary.fabric is None:

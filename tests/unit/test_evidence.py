@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from campaign import evidence as ev
+from campaign import exits
 from campaign.evidence import RankExit, Suspect, assess, confirm, exclusion_budget
 
 # --- the signature tables, line by line ---------------------------------------------------
@@ -286,6 +287,20 @@ def test_a_victim_that_dies_first_does_not_lead(victim_line: str) -> None:
     assert f.kind == "unknown" and f.suspects == ()  # one failure alone: one confirming retry, nobody blamed
     only_victims = assess(seen[:1], first_step=True, nodes=NODES, same_poll_s=1.0)
     assert only_victims.rule == "fabric_error" and only_victims.primary["rank"] == 0
+
+
+def test_every_rank_aborting_the_same_way_after_training_gets_a_confirming_retry() -> None:
+    """Seen in CI: both ranks of a plain DDP script that had reached its last step aborted in
+    gloo's teardown ("terminate called without an active exception", 134). The same failure
+    everywhere blames no node; after training started and matching no known error it is not
+    yet systemic: one confirming retry (before: crashed_systemic, the loss check failed)."""
+    line = "terminate called without an active exception"
+    f = assess([x(0, "n1", 134, 10.0, line), x(1, "n2", 134, 10.0, line)], first_step=True, nodes=NODES)
+    assert (f.kind, f.rule, f.retry, f.suspects) == ("unknown", "same_failure", "confirm_once", ())
+    assert exits.classify_finding(134, f.kind) in exits.CONFIRM_ONCE
+    before_training = assess([x(0, "n1", 134, 10.0, line), x(1, "n2", 134, 10.0, line)], first_step=False,
+                             nodes=NODES)
+    assert (before_training.kind, before_training.retry) == ("systemic", "stop")
 
 
 @pytest.mark.parametrize("victim_line", [NCCL, GLOO_RESET])
