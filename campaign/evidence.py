@@ -130,9 +130,10 @@ HARDWARE: tuple[Signature, ...] = (
     _sig("nccl_ib_completion", r"NET/IB ?: .*Got completion (?:from peer \S+ )?with (?:error|status)",
          "NCCL net_ib.cc: 'NET/IB : Got completion from peer <addr> with error 12, opcode ..., vendor err 129'",
          "fabric"),
-    _sig("gloo_peer_lost", r"gloo/transport/\S+\] (?:Read|Write) error .*(?:Connection reset by peer|Connection closed by peer|Broken pipe)",
+    _sig("gloo_peer_lost", r"gloo/transport/\S+\] (?:(?:Read|Write) error .*)?(?:Connection reset by peer|Connection closed by peer|Broken pipe)",
          "PyTorch gloo tcp pair.cc: a peer's socket closed under the collective (the peer died or the link did): "
-         "what the survivors print when one rank fails", "fabric"),
+         "what the survivors print when one rank fails ('Read error [...]: Connection reset by peer', or "
+         "'pair.cc:553] Connection closed by peer [addr]:port' from a DDP comm hook's callback)", "fabric"),
     _sig("nccl_watchdog_timeout", r"Watchdog caught collective operation timeout",
          "PyTorch ProcessGroupNCCL watchdog: a collective did not finish (a peer hung or the network)", "fabric"),
     _sig("libfabric_error", r"\bfi_[a-z_]+(?:\(\))?(?: failed|: | returned)|\blibfabric:\d+:.*:(?:cxi|verbs|tcp|"

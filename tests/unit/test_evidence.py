@@ -50,6 +50,10 @@ HARDWARE_LINES = [
      "nccl_watchdog_timeout", "fabric"),
     ("RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
      "[127.0.0.1]:45473: Connection reset by peer", "gloo_peer_lost", "fabric"),
+    # DDP's comm hook callback (parallelize.py) when the peer's process is gone (torch 2.13, gloo):
+    ("RuntimeError: Got the following error when running the callback: RuntimeError: [/__w/pytorch/pytorch/"
+     "third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:17575. This is "
+     "typically caused by a remote worker crashing.", "gloo_peer_lost", "fabric"),
     ("libfabric:98765:1701234567::cxi:core:cxip_cq_eq_progress():531<warn> x4102c5s3b0n0: TXC (0x1234:0): "
      "PCIe error", "libfabric_error", "fabric"),
     ("MPICH ERROR: fi_cq_readerr: Input/output error", "libfabric_error", "fabric"),
@@ -272,6 +276,10 @@ def test_same_poll_window() -> None:
 
 GLOO_RESET = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:29585: "
               "Connection reset by peer")
+GLOO_CLOSED = ("RuntimeError: Got the following error when running the callback: RuntimeError: [/__w/pytorch/pytorch/"
+               "third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:17575. This is "
+               "typically caused by a remote worker crashing. Check the logs of the remote worker before reporting an "
+               "error. GLHF!")
 
 
 @pytest.mark.parametrize("victim_line", [NCCL, GLOO_RESET])
@@ -303,7 +311,18 @@ def test_every_rank_aborting_the_same_way_after_training_gets_a_confirming_retry
     assert (before_training.kind, before_training.retry) == ("systemic", "stop")
 
 
-@pytest.mark.parametrize("victim_line", [NCCL, GLOO_RESET])
+def test_a_victim_exiting_1_in_the_same_poll_as_the_crashed_rank_does_not_make_it_systemic() -> None:
+    """Seen with warm start: rank 1 crashes (exit 1, no error line), rank 0's DDP callback
+    raises on gloo's 'Connection closed by peer' (exit 1), one poll sees both. Rank 0 is the
+    victim: the failure is rank 1's, unknown (before: rank 0 led, its Python exception read
+    as a software error: crashed_systemic, the long run stopped)."""
+    seen = [x(0, "n1", 1, 10.0, GLOO_CLOSED), x(1, "n2", 1, 10.0, "campaign.train: fault crash at step 15")]
+    f = assess(seen, first_step=True, nodes=NODES)
+    assert f.primary == {"rank": 1, "node": "n2", "exit_code": 1}
+    assert (f.kind, f.retry, f.suspects) == ("unknown", "confirm_once", ())
+
+
+@pytest.mark.parametrize("victim_line", [NCCL, GLOO_RESET, GLOO_CLOSED])
 def test_a_victim_seen_in_the_same_poll_does_not_lead_by_its_abort_signal(victim_line: str) -> None:
     """Seen in CI: rank 1 exits 1 (its own error), rank 0 aborts (134, SIGABRT) on the lost
     peer, and one poll sees both. Death by a signal must not make the victim the primary."""
