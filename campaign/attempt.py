@@ -157,7 +157,7 @@ def build_request(site: Site, config: TrainerConfig, *, run_dir: Path, nodes: in
     return AttemptRequest(
         run_dir=str(run_dir), attempt=config.run.attempt, allocation=site.node_names(), exclude=sorted(excluded),
         nodes=nodes, ranks_per_node=site.ranks_per_node, launcher=site.launcher,
-        argv=contract.command_line(config.train, values, spec_dir, resume_from), env=env,
+        argv=contract.command_line(config.train, values, spec_dir, resume_from, launcher=site.launcher), env=env,
         cpu_bind=options.cpu_bind, gpu_bind=options.gpu_bind, depth=options.depth, wrapper=list(options.wrapper),
         master_port=master_port, timeout_s=timeout_s, block_walltime_s=site.block_walltime_s(),
         deadline_from=site.deadline_from, interrupt=interrupt, watchdog=watchdog or WatchdogPolicy(),

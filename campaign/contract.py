@@ -40,15 +40,27 @@ def placeholder_values(cfg: TrainerConfig, *, run_dir: Path, config: Path, hostf
 
 
 def command_line(trainer: TrainConfig, values: dict[str, str], spec_dir: Path,
-                 resume_from: dict[str, Any] | None = None) -> list[str]:
+                 resume_from: dict[str, Any] | None = None, *, launcher: str = "local") -> list[str]:
     """The trainer's argv: its template with the placeholders filled in, scripts resolved
-    against `spec_dir`, and `trainer.resume_args` when the attempt resumes from a checkpoint."""
+    against `spec_dir`, and `trainer.resume_args` when the attempt resumes from a checkpoint;
+    started through the node's fork server when `warm_start(trainer, launcher)`."""
     template = list(trainer.command or DEFAULT_COMMAND)
+    if warm_start(trainer, launcher):  # the rank's process is the fork server's client
+        template = [template[0], "-m", "campaign.train.warm", "--", *template]
     argv = [_expand(_resolve(a, spec_dir), values) for a in template]
     if resume_from is not None:
         extra = {**values, "resume_path": str(resume_from["path"]), "resume_step": str(resume_from["step"])}
         argv += [_expand(a, extra) for a in trainer.resume_args]
     return argv
+
+
+def warm_start(trainer: TrainConfig, launcher: str) -> bool:
+    """Whether ranks start from the node's fork server (campaign.train.warm): `true` for a
+    command that starts with `{python}`; `auto` for the built-in trainer with the local
+    launcher (a script of your own runs in the warm interpreter only when you ask)."""
+    if trainer.warm_start is True:
+        return (trainer.command or DEFAULT_COMMAND)[0] == "{python}"
+    return trainer.warm_start == "auto" and trainer.command is None and launcher == "local"
 
 
 def _expand(arg: str, values: dict[str, str]) -> str:

@@ -33,6 +33,7 @@ from typing import Any
 
 from campaign import evidence, exits, report, watchdog
 from campaign.attempt import AttemptRequest, Interrupt
+from campaign.train import warm
 
 POLL_S = 0.25
 """How often the supervisor looks at the launch; cheap (a few small reads)."""
@@ -239,7 +240,7 @@ def _start(request: AttemptRequest, hosts: list[str]) -> tuple[_Launch, list[str
 
     run_dir = Path(request.run_dir)
     plan = request.launch_plan(hosts)
-    base_env = {**os.environ, **dict(plan.env)}
+    base_env = {**os.environ, **warm.launch_environment(), **dict(plan.env)}
     if request.launcher == "local":
         procs = []
         for rank, (rank_argv, env) in enumerate(launchers.local_rank_processes(plan)):

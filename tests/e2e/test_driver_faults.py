@@ -50,12 +50,15 @@ def processes_naming(text: str) -> list[str]:
 
 
 def trainers_of(run_dir: Path) -> list[int]:
-    """Live processes whose environment names this attempt's run directory."""
+    """Live processes whose environment names this attempt's run directory, or that work in
+    it: a rank forked by the warm-start server (campaign.train.warm) has the server's
+    /proc/PID/environ, but its working directory is the attempt's, as every rank's is."""
     found = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
-                if f"CAMPAIGN_RUN_DIR={run_dir}".encode() in (proc / "environ").read_bytes():
+                if (f"CAMPAIGN_RUN_DIR={run_dir}".encode() in (proc / "environ").read_bytes()
+                        or os.readlink(proc / "cwd") == str(run_dir)):
                     found.append(int(proc.name))
             except OSError:
                 continue

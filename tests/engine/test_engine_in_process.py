@@ -289,7 +289,10 @@ def test_the_request_is_pure_and_carries_the_contract_environment(tmp_path: Path
     assert first.env["CAMPAIGN_ATTEMPT"] == "4" and first.env["CAMPAIGN_ALLOW_FAULTS"] == "1"
     assert (first.env["CAMPAIGN_MAX_STEPS"], first.env["CAMPAIGN_MAX_TOKENS"]) == ("7", "900")
     assert first.env["CAMPAIGN_CHECKPOINT_DIR"] == str(tmp_path / "checkpoints") and first.env["CAMPAIGN_RESUME"] == "0"
-    assert first.argv == ["{python}", "-m", "campaign.train", "--config", str(tmp_path / "a" / "trainer.json")]
+    trainer = ["{python}", "-m", "campaign.train", "--config", str(tmp_path / "a" / "trainer.json")]
+    # `warm_start: auto`: through the node's fork server with the local launcher only.
+    warm = ["{python}", "-m", "campaign.train.warm", "--"] if spec.site.launcher == "local" else []
+    assert first.argv == [*warm, *trainer]
     assert first.launcher == spec.site.launcher and first.exclude == ["n9"]
 
 

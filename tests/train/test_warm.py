@@ -1,0 +1,232 @@
+"""Warm start (campaign.train.warm): the fork server and its thin client, with real processes.
+
+Nothing is faked: each test starts real clients, which start a real server (torch imported)
+in a scope of its own; the server is stopped at the end of the test. What a launcher would
+see of a rank (exit code, death by a signal, output, environment, CPU binding) is asserted
+on the client process, as the supervisor sees it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from train_helpers import REPO, tiny_config
+
+from campaign.train import warm
+
+PROBE = """\
+import json, os, sys, time, signal
+import torch
+out = {"pid": os.getpid(), "ppid": os.getppid(), "foo": os.environ.get("FOO"), "cwd": os.getcwd(),
+       "affinity": sorted(os.sched_getaffinity(0)), "argv": sys.argv, "threads": torch.get_num_threads(),
+       "umask": os.umask(0), "path0": sys.path[0]}
+print(json.dumps(out), flush=True)
+mode = sys.argv[1]
+if mode == "term":
+    signal.signal(signal.SIGTERM, lambda *a: (print("got SIGTERM", flush=True), sys.exit(143)))
+    print("ready", flush=True)
+    time.sleep(60)
+elif mode == "sleep":
+    print("ready", flush=True)
+    time.sleep(60)
+elif mode == "nap":
+    print("ready", flush=True)
+    time.sleep(3)
+    sys.exit(0)
+elif mode == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+elif mode == "raise":
+    raise ValueError("boom")
+sys.exit(int(mode))
+"""
+
+
+@pytest.fixture
+def scope(tmp_path, monkeypatch):
+    """A scope of its own (one server), tied to this test process; the server stopped after."""
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("CAMPAIGN_WARM_SCOPE", name)
+    monkeypatch.setenv("CAMPAIGN_WARM_PARENT", f"{os.uname().nodename}:{os.getpid()}")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    (tmp_path / "probe.py").write_text(PROBE)
+    yield name
+    sock = warm.socket_path(warm.server_key(sys.executable, dict(os.environ)))
+    pid = warm.server_pid(sock)
+    if pid:
+        os.kill(pid, signal.SIGTERM)
+
+
+def client(tmp_path: Path, *args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "campaign.train.warm", "--", sys.executable, str(tmp_path / "probe.py"), *args]
+    out = open(tmp_path / f"out-{uuid.uuid4().hex[:6]}.log", "w+")
+    p = subprocess.Popen(cmd, cwd=tmp_path, env={**os.environ, **(env or {})}, stdout=out,
+                         stderr=subprocess.STDOUT, **kw)
+    p.out = out  # type: ignore[attr-defined]
+    return p
+
+
+def output(p: subprocess.Popen) -> str:
+    p.out.seek(0)  # type: ignore[attr-defined]
+    return p.out.read()  # type: ignore[attr-defined]
+
+
+def probe(p: subprocess.Popen) -> dict:
+    line = next(line for line in output(p).splitlines() if line.startswith("{"))
+    return json.loads(line)
+
+
+def wait_for(p: subprocess.Popen, text: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in output(p):
+        assert p.poll() is None, output(p)
+        assert time.monotonic() < deadline, output(p)
+        time.sleep(0.05)
+
+
+def server_of(scope_env: dict[str, str] | None = None) -> int | None:
+    env = {**os.environ, **(scope_env or {})}
+    return warm.server_pid(warm.socket_path(warm.server_key(sys.executable, env)))
+
+
+def test_the_child_is_the_client_exit_code_output_environment_and_place(tmp_path, scope):
+    (tmp_path / "sub").mkdir()
+    affinity = sorted(os.sched_getaffinity(0))[:1]
+    first = client(tmp_path, "3", env={"FOO": "one"}, preexec_fn=lambda: os.sched_setaffinity(0, affinity))
+    assert first.wait(120) == 3, output(first)
+    server = server_of()
+    assert server is not None
+    environ = Path(f"/proc/{server}/environ").read_bytes().split(b"\0")
+    assert not [v for v in environ if v.startswith((b"RANK=", b"CAMPAIGN_RUN_DIR="))]
+    second = client(tmp_path, "5", env={"FOO": "two", "OMP_NUM_THREADS": "1"})
+    assert second.wait(60) == 5, output(second)
+    a, b = probe(first), probe(second)
+    # Both are children of the one server (the second start paid no import), not of their clients.
+    assert a["ppid"] == b["ppid"] == server
+    assert a["pid"] != first.pid and b["pid"] != second.pid
+    assert "started warm (fork server pid" in output(second)
+    assert (a["foo"], b["foo"]) == ("one", "two")
+    assert a["cwd"] == b["cwd"] == str(tmp_path) == a["path0"]
+    assert a["argv"] == [str(tmp_path / "probe.py"), "3"]
+    # The CPU binding a launcher gave the client is the child's, and OpenMP is sized from it.
+    assert a["affinity"] == affinity and a["threads"] == 1
+    assert b["affinity"] == sorted(os.sched_getaffinity(0))
+
+
+def test_signals_are_forwarded_and_exits_by_signal_are_relayed(tmp_path, scope):
+    p = client(tmp_path, "term")
+    wait_for(p, "ready", timeout=120)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(30) == 143
+    assert "got SIGTERM" in output(p)
+    k = client(tmp_path, "kill")
+    assert k.wait(30) == -signal.SIGKILL  # the launcher sees the rank killed, as it would cold
+    e = client(tmp_path, "raise")
+    assert e.wait(30) == 1
+    assert "ValueError: boom" in output(e) and "Traceback" in output(e)
+
+
+def test_a_client_killed_takes_its_child_with_it(tmp_path, scope):
+    p = client(tmp_path, "sleep")
+    wait_for(p, "ready", timeout=120)
+    child = probe(p)["pid"]
+    p.kill()
+    p.wait()
+    deadline = time.monotonic() + 10
+    while _alive(child):
+        assert time.monotonic() < deadline, "the child outlived its killed client"
+        time.sleep(0.05)
+
+
+def test_a_server_outlives_its_block_only_until_its_trainers_finish(tmp_path, scope, monkeypatch):
+    """The block's process gone (the Parsl worker pool, a dead driver's): no new launch is
+    served, a running rank trains on to its end, as a cold one would (resume adopts it),
+    then the server exits."""
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    monkeypatch.setenv("CAMPAIGN_WARM_PARENT", f"{os.uname().nodename}:{holder.pid}")
+    monkeypatch.setenv("CAMPAIGN_WARM_SCOPE", f"{scope}-block")
+    p = client(tmp_path, "nap")
+    wait_for(p, "ready", timeout=120)
+    server = server_of()
+    assert server is not None and _alive(server)
+    holder.kill()
+    holder.wait()
+    assert p.wait(30) == 0, output(p)  # not killed with its server
+    deadline = time.monotonic() + 15
+    while _alive(server):
+        assert time.monotonic() < deadline, "the server outlived its block and its last trainer"
+        time.sleep(0.1)
+
+
+def test_the_server_keeps_no_launchs_rank_variables():
+    """Tools find a launch's ranks by /proc/PID/environ (recovery, `ps e`): the long-lived
+    server must not look like the first launch's rank."""
+    env = {"PATH": "/bin", "LD_LIBRARY_PATH": "/opt/x", "RANK": "3", "LOCAL_RANK": "1", "MASTER_PORT": "1",
+           "CAMPAIGN_RUN_DIR": "/r/attempt-001", "CAMPAIGN_WARM_SCOPE": "s", "PMI_RANK": "3",
+           "CUDA_VISIBLE_DEVICES": "2", "PALS_RANKID": "3", "OMP_NUM_THREADS": "4"}
+    assert warm.server_environment(env) == {"PATH": "/bin", "LD_LIBRARY_PATH": "/opt/x", "CAMPAIGN_WARM_SCOPE": "s",
+                                            "OMP_NUM_THREADS": "4"}
+
+
+def test_commands_it_cannot_fork_start_cold(tmp_path, scope):
+    shell = subprocess.run([sys.executable, "-m", "campaign.train.warm", "--", "/bin/sh", "-c", "exit 7"])
+    assert shell.returncode == 7
+    off = client(tmp_path, "0", env={"CAMPAIGN_WARM": "0"})
+    assert off.wait(120) == 0
+    assert probe(off)["pid"] == off.pid  # exec'd in place: no server involved
+    assert server_of() is None
+
+
+def test_the_built_in_trainer_trains_the_same_losses_warm_as_cold(tmp_path, scope):
+    """Two gloo ranks, 6 steps, deterministic: warm (forked) and cold give identical losses."""
+    losses = {}
+    for mode in ("cold", "warm", "warm-again"):
+        run = tmp_path / mode
+        run.mkdir()
+        cfg = run / "config.json"
+        cfg.write_text(json.dumps(tiny_config(run / "ck", run={"max_steps": 6})))
+        port = str(_free_port())
+        procs = []
+        for rank in range(2):
+            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+                   "LOCAL_WORLD_SIZE": "2", "CAMPAIGN_RUN_DIR": str(run), "CAMPAIGN_NODE": "local-n0",
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1",
+                   "CAMPAIGN_HEARTBEAT_INTERVAL": "0.2"}
+            prefix = [] if mode == "cold" else [sys.executable, "-m", "campaign.train.warm", "--"]
+            log = open(run / f"rank-{rank}.log", "w")
+            procs.append(subprocess.Popen([*prefix, sys.executable, "-m", "campaign.train", "--config", str(cfg)],
+                                          cwd=run, env=env, stdout=log, stderr=subprocess.STDOUT))
+        codes = [p.wait(180) for p in procs]
+        logs = "".join((run / f"rank-{r}.log").read_text() for r in range(2))
+        assert codes == [0, 0], logs
+        assert ("started warm" in logs) == (mode != "cold"), logs
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        losses[mode] = [r["loss"] for r in rows]
+    assert len(losses["cold"]) == 6
+    assert losses["cold"] == losses["warm"] == losses["warm-again"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
