@@ -11,10 +11,13 @@ steps. Run twice in one invocation, each with its own ledger:
 
 - **ours**: the long run's defaults (stall budget 3 x p99 step + 9 s from step progress, or
   + 2 s when the heartbeats show one rank computing while its peers wait; culprits named
-  and excluded, crashes judged by evidence, spares);
+  and excluded, crashes judged by evidence, spares; ranks started warm from the node's fork
+  server, `trainer.warm_start: auto`);
+- **ours cold**: the same with `warm_start: false`, so the warm start's share is measured in
+  the same invocation;
 - **baseline**, configured as ezpz's: an output-silence timeout scaled to the step time the
   same way (the same 3 x p99 + 9 s on step output), blind retry on the same nodes (no
-  culprit naming, no exclusion, no bisection drill).
+  culprit naming, no exclusion, no bisection drill), every launch a cold interpreter.
 
 Both checkpoint every `--checkpoint-every` steps (default: Young/Daly for the schedule's
 MTBF and the measured save stall, `campaign.goodput.daly_interval`). ETTR and where the rest
@@ -63,14 +66,19 @@ def schedule(seed: int, steps: int, mean: float, every: int, ranks: int) -> list
         resume = every * ((at - 1) // every)
 
 
-def spec(name: str, steps: int, every: int, faults: list[dict[str, Any]], extra: dict[str, Any]) -> dict[str, Any]:
+POLICIES = (("ours", {}, {}), ("ours cold", {}, {"warm_start": False}), ("baseline", BASELINE, {"warm_start": False}))
+"""(label, stage overrides, trainer overrides)."""
+
+
+def spec(name: str, steps: int, every: int, faults: list[dict[str, Any]], extra: dict[str, Any],
+         trainer: dict[str, Any] | None = None) -> dict[str, Any]:
     stage = {"name": "long", "kind": "long_run", "nodes": 2, "steps": steps, "checkpoint_every": every,
              "max_attempts": len(faults) + 2, "crash_loop": 3, "backoff_s": 0, "faults": faults,
              "watchdog": {"startup_s": 120}, **extra}
     if "watchdog" in extra:
         stage["watchdog"] = {"startup_s": 120, **extra["watchdog"]}
     return {"name": name, "site": {"kind": "local", "nodes": 2 + SPARES, "ranks_per_node": 1}, "model": MODEL,
-            "trainer": {"micro_batch_size": 4, "warmup_steps": 5}, "stages": [stage]}
+            "trainer": {"micro_batch_size": 4, "warmup_steps": 5, **(trainer or {})}, "stages": [stage]}
 
 
 def run(name: str, doc: dict[str, Any], tmp: Path) -> dict[str, Any]:
@@ -143,14 +151,16 @@ def main() -> None:
         if not faults:
             print(f"note: seed {args.seed} draws no fault within {args.steps} steps: this measures the fault-free ceiling")
         rows = []
-        for label, extra in (("ours", {}), ("baseline", BASELINE)):
-            out = run(label, spec(label, args.steps, every, faults, extra), tmp)
+        for label, extra, trainer in POLICIES:
+            name = label.replace(" ", "-")
+            out = run(name, spec(name, args.steps, every, faults, extra, trainer), tmp)
             rows.append({**out, "label": label})
             print(f"{label}: {out['verdict']} [{', '.join(out['classes'])}]", flush=True)
     print()
     print(table(rows))
-    ours, base = (r["goodput"]["ettr"] or 0.0 for r in rows)
-    print(f"ETTR ours {ours:.3f} / baseline {base:.3f} = {ours / base if base else float('inf'):.2f}x")
+    ours, cold, base = (r["goodput"]["ettr"] or 0.0 for r in rows)
+    print(f"ETTR ours {ours:.3f} / baseline {base:.3f} = {ours / base if base else float('inf'):.2f}x"
+          f"  (ours cold {cold:.3f}: warm start {ours / cold if cold else float('inf'):.2f}x)")
 
 
 if __name__ == "__main__":
