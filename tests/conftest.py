@@ -14,6 +14,10 @@
 * ``run_cli`` (function): ``run_cli("status", "--json", ...) -> (code, stdout, stderr)``;
   in-process through click's CliRunner by default, or ``subprocess=True`` for a real
   ``python -m campaign.cli`` process. CAMPAIGN_DB_URL / CAMPAIGN_WORKDIR are cleared.
+* ``lease_holder`` (function): ``lease_holder(url, name, create=False) -> Popen``: a real
+  process that holds campaign ``name``'s driver lease (creating the campaign first if asked)
+  and, on SIGTERM, records it ``cancelled``, drops the lease and exits 0, as a driver does.
+  Killed at the end of the test if still alive.
 """
 
 from __future__ import annotations
@@ -196,3 +200,49 @@ def _run_in_process(argv: list[str], cwd: Any, env: dict[str, str] | None, monke
             m.chdir(cwd)
         result = CliRunner(env=env).invoke(main, argv, catch_exceptions=False)
     return result.exit_code, result.stdout, result.stderr
+
+
+_LEASE_HOLDER = """
+import os, signal, socket, sys, time
+from campaign.ledger import open_ledger, reads, writes
+url, name, create = sys.argv[1], sys.argv[2], sys.argv[3] == "create"
+led = open_ledger(url, create=create)
+
+def stop(*_):
+    with led.session() as s:
+        c = reads.get_campaign(s, name)
+        writes.set_campaign_state(s, c, "cancelled")
+        writes.drop_lease(s, c, "tok")
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, stop)
+with led.session() as s:
+    if create:
+        c = writes.create_campaign(s, name=name, digest="0" * 64, spec_json={}, source="", site="local", workdir="/w")
+        writes.set_campaign_state(s, c, "running")
+    else:
+        c = reads.get_campaign(s, name)
+    writes.take_lease(s, c, host=socket.gethostname(), pid=os.getpid(), token="tok", ttl_s=60)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def lease_holder() -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+
+    def hold(url: str, name: str, *, create: bool = False) -> subprocess.Popen[str]:
+        p = subprocess.Popen([sys.executable, "-c", _LEASE_HOLDER, url, name, "create" if create else "open"],
+                             stdout=subprocess.PIPE, text=True, cwd=REPO)
+        started.append(p)
+        assert p.stdout is not None and p.stdout.readline().strip() == "held"
+        return p
+
+    yield hold
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+        if p.stdout is not None:
+            p.stdout.close()

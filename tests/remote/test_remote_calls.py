@@ -18,7 +18,6 @@ from fake_executor import FakeExecutor, RemoteTaskFailed
 from campaign import remote
 from campaign.errors import RemoteError
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def defined_in_a_test_module() -> str:
@@ -121,43 +120,15 @@ def test_endpoint_errors_keep_their_message_and_exit_code(endpoint: FakeEndpoint
     assert info.value.exit_code == 2
 
 
-_DRIVER = """
-import os, signal, socket, sys, time
-from campaign.ledger import open_ledger, reads, writes
-led = open_ledger(sys.argv[1])
-with led.session() as s:
-    c = writes.create_campaign(s, name="held", digest="0" * 64, spec_json={}, source="", site="local", workdir="/w")
-    writes.set_campaign_state(s, c, "running")
-    writes.take_lease(s, c, host=socket.gethostname(), pid=os.getpid(), token="tok", ttl_s=60)
-
-def stop(*_):
-    with led.session() as s:
-        c = reads.get_campaign(s, "held")
-        writes.set_campaign_state(s, c, "cancelled")
-        writes.drop_lease(s, c, "tok")
-    sys.exit(0)
-
-signal.signal(signal.SIGTERM, stop)
-print("held", flush=True)
-time.sleep(60)
-"""
-
-
 def test_cancel_through_the_endpoint_stops_the_driver_holding_the_lease(endpoint: FakeEndpoint, run_cli,
-                                                                        tmp_path: Path) -> None:
+                                                                        tmp_path: Path, lease_holder) -> None:
     """`cancel --endpoint` runs campaign.commands.cancel_campaign there (no CLI subprocess):
     the driver, a real process holding the lease, gets SIGTERM and records `cancelled`."""
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    driver = subprocess.Popen([sys.executable, "-c", _DRIVER, url], stdout=subprocess.PIPE, text=True, cwd=REPO)
-    try:
-        assert driver.stdout is not None and driver.stdout.readline().strip() == "held"
-        code, out, err = run_cli("cancel", "held", "--endpoint", ENDPOINT_ID, "--db", url, "--wait", "30")
-        assert code == 0, out + err
-        assert out.splitlines() == [f"asked the driver of held (pid {driver.pid}) to stop", "held: cancelled"]
-        assert driver.wait(timeout=10) == 0 and endpoint.calls[-1] == "cancel_driver"
-        code, out, err = run_cli("cancel", "held", "--endpoint", ENDPOINT_ID, "--db", url)
-        assert code == 2 and "'held' is not running (no driver holds it)" in err, out + err
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
+    driver = lease_holder(url, "held", create=True)
+    code, out, err = run_cli("cancel", "held", "--endpoint", ENDPOINT_ID, "--db", url, "--wait", "30")
+    assert code == 0, out + err
+    assert out.splitlines() == [f"asked the driver of held (pid {driver.pid}) to stop", "held: cancelled"]
+    assert driver.wait(timeout=10) == 0 and endpoint.calls[-1] == "cancel_driver"
+    code, out, err = run_cli("cancel", "held", "--endpoint", ENDPOINT_ID, "--db", url)
+    assert code == 2 and "'held' is not running (no driver holds it)" in err, out + err

@@ -128,41 +128,14 @@ def test_nodes_exclude_list_include(demo: Ledger) -> None:
 
 # --- cancel: a real process holds the lease ---------------------------------------------
 
-_DRIVER = """
-import signal, socket, sys, time
-from campaign.ledger import open_ledger, reads, writes
-led = open_ledger(sys.argv[1], create=False)
-
-def stop(*_):
-    with led.session() as s:
-        c = reads.get_campaign(s, "demo-run")
-        writes.set_campaign_state(s, c, "cancelled")
-        writes.drop_lease(s, c, "tok")
-    sys.exit(0)
-
-signal.signal(signal.SIGTERM, stop)
-with led.session() as s:
-    writes.take_lease(s, reads.get_campaign(s, "demo-run"), host=socket.gethostname(), pid=__import__("os").getpid(),
-                      token="tok", ttl_s=60)
-print("held", flush=True)
-time.sleep(60)
-"""
-
-
-def test_cancel_stops_the_driver_that_holds_the_lease(demo: Ledger, demo_url: str) -> None:
+def test_cancel_stops_the_driver_that_holds_the_lease(demo: Ledger, demo_url: str, lease_holder) -> None:
     with pytest.raises(CampaignError, match="'demo-run' is not running"):
         commands.cancel_campaign(demo, "demo-run", 1.0)
-    driver = subprocess.Popen([sys.executable, "-c", _DRIVER, demo_url], stdout=subprocess.PIPE, text=True, cwd=REPO)
-    try:
-        assert driver.stdout is not None and driver.stdout.readline().strip() == "held"
-        heard: list[str] = []
-        assert commands.cancel_campaign(demo, "demo-run", 30.0, notify=heard.append, poll_s=0.05) == "cancelled"
-        assert heard == [f"asked the driver of demo-run (pid {driver.pid}) to stop"]
-        assert driver.wait(timeout=10) == 0
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
+    driver = lease_holder(demo_url, "demo-run")
+    heard: list[str] = []
+    assert commands.cancel_campaign(demo, "demo-run", 30.0, notify=heard.append, poll_s=0.05) == "cancelled"
+    assert heard == [f"asked the driver of demo-run (pid {driver.pid}) to stop"]
+    assert driver.wait(timeout=10) == 0
 
 
 def test_cancel_refuses_a_driver_elsewhere_or_gone(demo: Ledger) -> None:
