@@ -172,26 +172,27 @@ def server_environment(env: dict[str, str]) -> dict[str, str]:
             if k.startswith("CAMPAIGN_WARM_") or not (k.startswith(PER_LAUNCH_PREFIXES) or k in PER_LAUNCH)}
 
 
-def _spawn_server(path: Path) -> None:
+def _spawn_server(path: Path) -> subprocess.Popen[bytes]:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    log = open(path.with_suffix(".log"), "ab")
-    subprocess.Popen([sys.executable, "-m", "campaign.train.warm", "--serve", str(path)], stdin=subprocess.DEVNULL,
-                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
-                     env=server_environment(dict(os.environ)), cwd=path.parent)
-    log.close()
+    with open(path.with_suffix(".log"), "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "campaign.train.warm", "--serve", str(path)],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                close_fds=True, env=server_environment(dict(os.environ)), cwd=path.parent)
 
 
 def _reach_server(path: Path) -> socket.socket | None:
     sock = _connect(path)
     if sock is not None:
         return sock
-    _spawn_server(path)  # several clients may race: the losers' servers exit at once (flock)
+    server = _spawn_server(path)  # several clients may race: the losers' servers exit 0 at once (flock)
     deadline = time.monotonic() + float(os.environ.get("CAMPAIGN_WARM_CONNECT_S", CONNECT_WAIT_S))
     while time.monotonic() < deadline:
         time.sleep(0.05)
         sock = _connect(path)
         if sock is not None:
             return sock
+        if server.poll() not in (None, 0):  # it failed (not merely lost the race): do not wait on
+            return None
     return None
 
 
@@ -210,7 +211,10 @@ def client(argv: list[str]) -> int:
     if _target(argv) is None:
         _cold(argv, None)
     path = socket_path(server_key(sys.executable, dict(os.environ)))
-    sock = _reach_server(path)
+    try:
+        sock = _reach_server(path)
+    except OSError as exc:  # no temp dir to put the server in, say
+        _cold(argv, f"cannot start a server at {path} ({exc})")
     if sock is None:
         _cold(argv, f"no server at {path} (its log: {path.with_suffix('.log')})")
     child = -1

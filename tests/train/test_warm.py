@@ -184,6 +184,15 @@ def test_commands_it_cannot_fork_start_cold(tmp_path, scope):
     assert server_of() is None
 
 
+def test_a_server_that_cannot_start_means_a_cold_start_not_a_failed_rank(tmp_path, scope):
+    # A temp dir whose socket path is longer than a Unix socket allows: the server cannot bind.
+    deep = tmp_path / ("d" * 110)
+    deep.mkdir()
+    p = client(tmp_path, "4", env={"TMPDIR": str(deep)})
+    assert p.wait(120) == 4, output(p)
+    assert probe(p)["pid"] == p.pid and "starting cold" in output(p)
+
+
 def test_the_built_in_trainer_trains_the_same_losses_warm_as_cold(tmp_path, scope):
     """Two gloo ranks, 6 steps, deterministic: warm (forked) and cold give identical losses."""
     losses = {}
