@@ -37,13 +37,23 @@ import random
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 MODEL = {"size": "tiny", "n_layer": 4, "d_model": 256, "n_head": 4, "seq_len": 128}
-"""A step of ~0.1-0.2 s on 2 shared CPU cores: long enough that 100 steps is not all start-up."""
+"""A step of ~0.15 s on 2 CPU cores (--d-model and --seq-len make it longer; --size another shape)."""
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the campaigns of one invocation train on: model, active nodes, batch."""
+
+    model: dict[str, Any]
+    nodes: int = 2
+    micro_batch: int = 4
 SPARES = 3
 """One per node the long run may exclude (its `exclusion_budget`): with fewer, random hangs
 exclude healthy nodes until the allocation is too small (measured with 1: the stage stopped)."""
@@ -70,15 +80,16 @@ POLICIES = (("ours", {}, {}), ("ours cold", {}, {"warm_start": False}), ("baseli
 """(label, stage overrides, trainer overrides)."""
 
 
-def spec(name: str, steps: int, every: int, faults: list[dict[str, Any]], extra: dict[str, Any],
+def spec(setup: Setup, name: str, steps: int, every: int, faults: list[dict[str, Any]], extra: dict[str, Any],
          trainer: dict[str, Any] | None = None) -> dict[str, Any]:
-    stage = {"name": "long", "kind": "long_run", "nodes": 2, "steps": steps, "checkpoint_every": every,
+    stage = {"name": "long", "kind": "long_run", "nodes": setup.nodes, "steps": steps, "checkpoint_every": every,
              "max_attempts": len(faults) + 2, "crash_loop": 3, "backoff_s": 0, "faults": faults,
              "watchdog": {"startup_s": 120}, **extra}
     if "watchdog" in extra:
         stage["watchdog"] = {"startup_s": 120, **extra["watchdog"]}
-    return {"name": name, "site": {"kind": "local", "nodes": 2 + SPARES, "ranks_per_node": 1}, "model": MODEL,
-            "trainer": {"micro_batch_size": 4, "warmup_steps": 5, **(trainer or {})}, "stages": [stage]}
+    return {"name": name, "site": {"kind": "local", "nodes": setup.nodes + SPARES, "ranks_per_node": 1},
+            "model": setup.model, "stages": [stage],
+            "trainer": {"micro_batch_size": setup.micro_batch, "warmup_steps": 5, **(trainer or {})}}
 
 
 def run(name: str, doc: dict[str, Any], tmp: Path) -> dict[str, Any]:
@@ -98,9 +109,9 @@ def run(name: str, doc: dict[str, Any], tmp: Path) -> dict[str, Any]:
             "attempts": len(classes), "classes": classes}
 
 
-def calibrate(tmp: Path, steps: int = 30) -> tuple[float, float]:
+def calibrate(setup: Setup, tmp: Path, steps: int = 30) -> tuple[float, float]:
     """(median step s, checkpoint save stall s) of this model here, from a short fault-free run."""
-    doc = spec("calibrate", steps, 10, [], {})
+    doc = spec(setup, "calibrate", steps, 10, [], {})
     out = run("calibrate", doc, tmp)
     if not out["passed"]:
         raise SystemExit(f"the calibration run failed: {out['verdict']}")
@@ -137,30 +148,46 @@ def main() -> None:
     ap.add_argument("--checkpoint-every", type=int, default=0, help="0: Young/Daly from a calibration run.")
     ap.add_argument("--bad-node", action="store_true",
                     help="instead of random faults: local-n1 hangs whenever it trains step steps/3 (a bad node)")
+    ap.add_argument("--size", default=None, help="a named model shape (default: tiny, 4 x 256, seq 128)")
+    ap.add_argument("--d-model", type=int, default=None, help="width (a longer CPU step: 512)")
+    ap.add_argument("--seq-len", type=int, default=None, help="context length")
+    ap.add_argument("--nodes", type=int, default=2, help="active virtual nodes, one rank each (1 on one GPU)")
+    ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument("--policies", default="ours,ours cold,baseline",
+                    help="which runs, comma-separated (default: all three; the first and the last are compared)")
     args = ap.parse_args()
     from campaign import goodput
 
+    model = dict(MODEL) if args.size is None else {"size": args.size}
+    model.update({k: v for k, v in (("d_model", args.d_model), ("seq_len", args.seq_len)) if v is not None})
+    setup = Setup(model, args.nodes, args.micro_batch)
+
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        step_s, save_s = calibrate(tmp)
+        step_s, save_s = calibrate(setup, tmp)
         every = args.checkpoint_every or max(1, round(goodput.daly_interval(save_s, args.mean_steps * step_s) / step_s))
-        faults = (schedule(args.seed, args.steps, args.mean_steps, every, ranks=2) if not args.bad_node
+        faults = (schedule(args.seed, args.steps, args.mean_steps, every, ranks=setup.nodes) if not args.bad_node
                   else [{"kind": "hang", "step": max(1, args.steps // 3), "node": "local-n1"}])
+        print(f"model {setup.model}, {setup.nodes} active node(s) x 1 rank, micro-batch {setup.micro_batch}")
         print(f"step {step_s:.3f} s, checkpoint save stall {save_s:.3f} s -> checkpoint every {every} steps; "
               f"{len(faults)} faults: " + ", ".join(f"{f['kind']}@{f['step']}/{'r' + str(f['rank']) if 'rank' in f else f['node']}" for f in faults))
         if not faults:
             print(f"note: seed {args.seed} draws no fault within {args.steps} steps: this measures the fault-free ceiling")
         rows = []
-        for label, extra, trainer in POLICIES:
+        wanted = [w.strip() for w in args.policies.split(",")]
+        for label, extra, trainer in (p for p in POLICIES if p[0] in wanted):
             name = label.replace(" ", "-")
-            out = run(name, spec(name, args.steps, every, faults, extra, trainer), tmp)
+            out = run(name, spec(setup, name, args.steps, every, faults, extra, trainer), tmp)
             rows.append({**out, "label": label})
             print(f"{label}: {out['verdict']} [{', '.join(out['classes'])}]", flush=True)
     print()
     print(table(rows))
-    ours, cold, base = (r["goodput"]["ettr"] or 0.0 for r in rows)
-    print(f"ETTR ours {ours:.3f} / baseline {base:.3f} = {ours / base if base else float('inf'):.2f}x"
-          f"  (ours cold {cold:.3f}: warm start {ours / cold if cold else float('inf'):.2f}x)")
+    ettr = {r["label"]: r["goodput"]["ettr"] or 0.0 for r in rows}
+    first, last = rows[0]["label"], rows[-1]["label"]
+    line = f"ETTR {first} {ettr[first]:.3f} / {last} {ettr[last]:.3f} = {ettr[first] / ettr[last] if ettr[last] else float('inf'):.2f}x"
+    if "ours" in ettr and "ours cold" in ettr and ettr["ours cold"]:
+        line += f"  (ours cold {ettr['ours cold']:.3f}: warm start {ettr['ours'] / ettr['ours cold']:.2f}x)"
+    print(line)
 
 
 if __name__ == "__main__":
