@@ -19,12 +19,17 @@ token file (random uint16 tokens, read through np.memmap by both):
   unchanged: the same shape (`activation: gelu`, 4x MLP, tied embeddings; RMSNorm and
   rotary positions are ours), `compile: true`, bf16, the same optimizer settings,
   `deterministic: false` (what every stage but the resume test uses), no checkpoints, its
-  data from the same file. Step times are those it writes to metrics.jsonl.
+  data from the same file. Step times are those it writes to metrics.jsonl: its own
+  `step_time_s` (from the step's start to the device's finish, so the host's work between
+  steps, metrics row included, is left out) and, measured as nanoGPT's are, the wall time
+  between consecutive rows' `time` stamps.
 
 Shapes: gpt2-124m (12 x 768, T 1024, batch 12) and 1b (24 x 2048, 16 heads, T 2048, batch
 16, 1.31B parameters), both with nanoGPT's 50304-token vocabulary. Reported: the median step
 time over the timed steps (after `--warmup` untimed ones, which include compilation),
-tokens/s from it, and the ratio campaign / nanogpt. `--repeat N` alternates the order.
+tokens/s from it, and the ratio campaign / nanogpt: on wall time between steps for both sides
+(the like-for-like figure), and on the trainer's own `step_time_s`. `--repeat N` alternates
+the order.
 """
 
 from __future__ import annotations
@@ -152,17 +157,23 @@ def run_campaign(args: argparse.Namespace, shape: str, tokens: Path, tmp: Path) 
     if p.returncode:
         sys.exit(f"campaign side failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    wall = [b["time"] - a["time"] for a, b in zip(rows, rows[1:])
+            if b.get("step", 0) > args.warmup and b["step"] == a["step"] + 1]
     rows = [r for r in rows if r.get("step", 0) > args.warmup]
-    return {"step_s": [r["step_time_s"] for r in rows], "mem_gib": rows[-1].get("mem_peak_gib")}
+    return {"step_s": [r["step_time_s"] for r in rows], "wall_s": wall, "mem_gib": rows[-1].get("mem_peak_gib")}
 
 
 # --- the comparison --------------------------------------------------------------------------
 
 def summarise(name: str, shape: str, batch: int, out: dict) -> dict:
+    """tokens_per_s: from the median wall time between steps (nanoGPT's step time is that);
+    own_tokens_per_s: from the median step time the side reports itself."""
     seq = SHAPES[shape][3]
     step = statistics.median(out["step_s"])
-    return {"side": name, "shape": shape, "batch": batch, "step_ms": 1000 * step,
-            "tokens_per_s": batch * seq / step, "mem_gib": out["mem_gib"]}
+    wall = statistics.median(out.get("wall_s") or out["step_s"])
+    return {"side": name, "shape": shape, "batch": batch, "step_ms": 1000 * step, "wall_ms": 1000 * wall,
+            "tokens_per_s": batch * seq / wall, "own_tokens_per_s": batch * seq / step,
+            "mem_gib": out["mem_gib"]}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -192,17 +203,21 @@ def main(argv: list[str] | None = None) -> None:
                           file=sys.stderr, flush=True)
             best = {side: max(v, key=lambda x: x["tokens_per_s"]) for side, v in got.items()}
             rows += [best["nanogpt"], best["campaign"]]
-            ratios.append((shape, best["campaign"]["tokens_per_s"] / best["nanogpt"]["tokens_per_s"]))
+            ratios.append((shape, best["campaign"]["tokens_per_s"] / best["nanogpt"]["tokens_per_s"],
+                           best["campaign"]["own_tokens_per_s"] / best["nanogpt"]["own_tokens_per_s"]))
     import torch
 
     dev = "cpu" if args.rehearsal else torch.cuda.get_device_name()
     print(f"# device={dev} torch={torch.__version__} steps={args.steps} warmup={args.warmup} repeat={args.repeat}")
-    print(f"{'shape':<11}{'side':<10}{'batch':>6}{'step(ms)':>10}{'tokens/s':>12}{'mem(GiB)':>10}")
+    print(f"{'shape':<11}{'side':<10}{'batch':>6}{'wall(ms)':>10}{'tokens/s':>12}{'own step(ms)':>14}"
+          f"{'own tok/s':>12}{'mem(GiB)':>10}")
     for r in rows:
         mem = f"{r['mem_gib']:>10.1f}" if r["mem_gib"] is not None else f"{'-':>10}"
-        print(f"{r['shape']:<11}{r['side']:<10}{r['batch']:>6}{r['step_ms']:>10.2f}{r['tokens_per_s']:>12,.0f}{mem}")
-    for shape, ratio in ratios:
-        print(f"ratio campaign/nanogpt at {shape}: {ratio:.3f}x tokens/s")
+        print(f"{r['shape']:<11}{r['side']:<10}{r['batch']:>6}{r['wall_ms']:>10.2f}{r['tokens_per_s']:>12,.0f}"
+              f"{r['step_ms']:>14.2f}{r['own_tokens_per_s']:>12,.0f}{mem}")
+    for shape, ratio, own in ratios:
+        print(f"ratio campaign/nanogpt at {shape}: {ratio:.3f}x tokens/s (wall between steps); "
+              f"{own:.3f}x on the trainer's own step_time_s")
 
 
 if __name__ == "__main__":

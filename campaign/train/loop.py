@@ -194,30 +194,41 @@ def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
         rep.phase("compute", step)
         faults.step_start(step, rep)
         faults.slow(step, step_s)
-        loss_sum = torch.zeros((), device=env.device)
+        loss_sum = None
         for micro in range(A):
             last = micro == A - 1
             x, y = sampler.batch(micro)
             with _no_sync(model, last):
                 with autocast:
-                    loss = model(x, y) / A
+                    loss = model(x, y)
+                if A > 1:  # x / 1 is x: one kernel (and autograd node) fewer per step
+                    loss = loss / A
                 if last:
                     faults.before_collective(step, rep)
                     rep.phase("collective", step)  # the backward below all-reduces gradients
                 loss.backward()
             sampler.prefetch(micro)  # on an accelerator the backward still runs: read ahead
-            loss_sum += loss.detach()
+            # The first micro-step's loss as it is (0 + x is x: no zero-filled tensor to launch).
+            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
         if faults.nonfinite(step):
             loss_sum = loss_sum * float("nan")
-        # One small collective carries the loss and every rank's stop requests.
-        # Margin: 2 x the last save time (2 s assumed before the first save) + 2 step times.
+        # With several ranks one small collective carries the loss and every rank's stop
+        # requests. Margin: 2 x the last save time (2 s assumed before the first save) + 2 step times.
         last_save_s = saves[-1].seconds if saves else 2.0
         deadline_near = (run.deadline_unix is not None
                          and time.time() + 2 * last_save_s + 2 * step_s
                          >= run.deadline_unix)
-        vec = torch.stack([loss_sum.float(), torch.tensor(float(stop()), device=env.device),
-                           torch.tensor(float(deadline_near), device=env.device)])
-        dist.all_reduce(vec)
+        flags = [float(stop()), float(deadline_near)]
+        vec = loss_sum.float().view(1)
+        if W > 1:  # one rank has nothing to reduce: its own flags are the answer
+            # From pinned memory without blocking: a plain copy to the device would make the
+            # host wait here for the whole backward, the device then idle while the host
+            # launched clipping and the optimizer.
+            f = torch.tensor(flags)
+            if env.device.type == "cuda":
+                f = f.pin_memory()
+            vec = torch.cat([vec, f.to(env.device, non_blocking=True)])
+            dist.all_reduce(vec)
         # The update is queued before the loss is read, so the host waits once per step (at
         # the read) rather than idling the device between backward and optimizer. A
         # non-finite loss still ends the run before anything is saved or reported.
@@ -227,9 +238,16 @@ def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
         optim.step()
         optim.zero_grad(set_to_none=True)
         tr.sched.step()
-        # One read waits for the collectives (still phase "collective"); the mean in float32, as before.
-        loss_val, term, dead = (vec / W).tolist()
-        term_any, deadline_any = term > 0, dead > 0
+        # Host-side work that needs no result, done while the device still computes: the
+        # allocator's peak already counts this step (allocations are made when launched).
+        mem_peak = mem_peak_gib(env.device)
+        # One read waits for the collectives (still phase "collective"); the mean in float32,
+        # as before, and the gradient norm in the same copy (a DTensor's needs a collective:
+        # read only when logged, below).
+        local_norm = not hasattr(grad_norm, "full_tensor")
+        got = torch.cat([vec / W, grad_norm.float().view(1)] if local_norm else [vec / W]).tolist()
+        loss_val = got[0]
+        term_any, deadline_any = (got[1] > 0, got[2] > 0) if W > 1 else (flags[0] > 0, flags[1] > 0)
         if not math.isfinite(loss_val):
             rep.event("nonfinite_loss", step, loss=loss_val)
             return report.EXIT_NONFINITE
@@ -243,8 +261,8 @@ def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
             tps = tokens_per_step / step_s
             rep.step(step=step, tokens=tokens, loss=loss_val, step_time_s=step_s, lr=lr,
                      tokens_per_s=tps, mfu=flops.mfu(tr.flops_per_token, tps / W, tr.device_name),
-                     comm_time_s=tr.comm.pop(), mem_peak_gib=mem_peak_gib(env.device),
-                     grad_norm=_float(grad_norm), time=time.time())
+                     comm_time_s=tr.comm.pop(), mem_peak_gib=mem_peak,
+                     grad_norm=got[-1] if local_norm else _float(grad_norm), time=time.time())
         else:
             tr.comm.pop()
         if term_any:
