@@ -19,8 +19,10 @@ Hangs poll the SIGTERM flag and exit 143 when it is set; SIGKILL always works.
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -48,6 +50,9 @@ class Faults:
                      and (f.attempt is None or f.attempt == attempt)]
         self.should_stop = should_stop
         self._slow_base: float | None = None
+        self._before: collections.deque[float] | None = (
+            collections.deque(maxlen=16) if any(f.kind == "slow" for f in self.mine) else None)
+        """Step times before a `slow` fault: its factor applies to their median."""
 
     def _at(self, kind: str, step: int):
         return next((f for f in self.mine if f.kind == kind and f.step == step), None)
@@ -76,11 +81,16 @@ class Faults:
 
     def slow(self, step: int, last_step_s: float) -> None:
         f = next((f for f in self.mine if f.kind == "slow" and step >= f.step), None)
-        if f is not None and f.delay_s is not None:
+        if f is None:
+            if self._before is not None and last_step_s > 0:
+                self._before.append(last_step_s)
+        elif f.delay_s is not None:
             time.sleep(f.delay_s)
-        elif f is not None:
-            # The normal step time, taken once: later steps include the slow-down itself.
-            self._slow_base = self._slow_base or last_step_s
+        else:
+            # The normal step time, taken once (later steps include the slow-down itself), as
+            # the median of the steps before: one step of a few ms is too noisy a base.
+            if self._slow_base is None:
+                self._slow_base = statistics.median(self._before) if self._before else last_step_s
             time.sleep((f.factor - 1.0) * self._slow_base)
 
     def in_checkpoint(self, step: int) -> None:
