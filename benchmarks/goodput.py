@@ -179,7 +179,9 @@ def main() -> None:
             name = label.replace(" ", "-")
             out = run(name, spec(setup, name, args.steps, every, faults, extra, trainer), tmp)
             rows.append({**out, "label": label})
-            print(f"{label}: {out['verdict']} [{', '.join(out['classes'])}]", flush=True)
+            g = out["goodput"]
+            print(f"{label}: {out['verdict']} [{', '.join(out['classes'])}]; ETTR {g['ettr']}, wall {g['wall_s']} s, "
+                  f"lost {g['lost']}", flush=True)
     print()
     print(table(rows))
     ettr = {r["label"]: r["goodput"]["ettr"] or 0.0 for r in rows}
