@@ -51,6 +51,26 @@ class Cancelled(Exception):
     """The driver was asked to stop (SIGTERM/SIGINT, `campaign cancel`)."""
 
 
+POLLER_JOIN_S = 10.0
+"""How long cleanup waits for Parsl's job status poller once the interchange is gone."""
+
+
+def release_lost_executor(dfk: Any) -> None:
+    """Let `dfk.cleanup()` finish although the executor's interchange is gone. Parsl asks the
+    interchange over a REQ socket with no timeout, so two calls would wait forever for a
+    reply: scale_in at cleanup (so the blocks are cancelled through the provider here and
+    scale_in skipped), and a status poll that the job status poller's thread may have sent
+    just before (seen in CI: sent 30 ms before cleanup began; cleanup then joined that thread
+    forever). The poller's thread is a daemon: cleanup stops waiting for it after
+    POLLER_JOIN_S and leaves it blocked on the dead socket."""
+    executor = dfk.executors[LABEL]
+    executor.provider.cancel(list(executor.blocks_to_job_id.values()))
+    executor.scale_in = lambda *args, **kwargs: []
+    poller = dfk.job_status_poller
+    close = poller.close
+    poller.close = lambda timeout=None: close(timeout=POLLER_JOIN_S if timeout is None else timeout)
+
+
 class Engine:
     """Drives one campaign through its stages; the only writer of its ledger rows."""
 
@@ -232,12 +252,7 @@ class Engine:
 
         if self._dfk is not None:
             if self.runner_lost() is not None:
-                # Parsl's scale_in at cleanup asks the interchange for its managers and blocks
-                # forever once the interchange is gone: cancel the blocks through the provider
-                # ourselves and skip it.
-                executor = self._dfk.executors[LABEL]
-                executor.provider.cancel(list(executor.blocks_to_job_id.values()))
-                executor.scale_in = lambda *args, **kwargs: []
+                release_lost_executor(self._dfk)
             self._dfk.cleanup()
             self._dfk = None
             parsl.clear()
