@@ -53,6 +53,8 @@ class Cancelled(Exception):
 
 POLLER_JOIN_S = 10.0
 """How long cleanup waits for Parsl's job status poller once the interchange is gone."""
+_ABANDONED: list[Any] = []
+"""Command clients of executors whose interchange died (release_lost_executor)."""
 
 
 def release_lost_executor(dfk: Any) -> None:
@@ -62,13 +64,19 @@ def release_lost_executor(dfk: Any) -> None:
     scale_in skipped), and a status poll that the job status poller's thread may have sent
     just before (seen in CI: sent 30 ms before cleanup began; cleanup then joined that thread
     forever). The poller's thread is a daemon: cleanup stops waiting for it after
-    POLLER_JOIN_S and leaves it blocked on the dead socket."""
+    POLLER_JOIN_S and leaves it blocked on the dead socket, which is not closed under it."""
     executor = dfk.executors[LABEL]
     executor.provider.cancel(list(executor.blocks_to_job_id.values()))
     executor.scale_in = lambda *args, **kwargs: []
     poller = dfk.job_status_poller
     close = poller.close
     poller.close = lambda timeout=None: close(timeout=POLLER_JOIN_S if timeout is None else timeout)
+    # Nor is the command client closed under that thread: zmq's term() waits for a socket
+    # another thread still waits on (seen: the driver stuck in shutdown's close(), and, when
+    # left to the garbage collector, in Context.__del__). It is kept until the process exits,
+    # where pyzmq destroys nothing.
+    _ABANDONED.append(executor.command_client)
+    executor.command_client.close = lambda: None
 
 
 class Engine:
