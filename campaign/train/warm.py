@@ -22,14 +22,18 @@ client relays what happens both ways:
 
 The first launch on a node pays the import once (the server's); every later launch in the
 same scope reuses it. A scope is one block: `CAMPAIGN_WARM_SCOPE`, else the scheduler's job
-id, else the host. The server exits when idle for `CAMPAIGN_WARM_IDLE_S` (300 s), or when
-`CAMPAIGN_WARM_PARENT` (`host:pid`, the block's process on this host) is gone.
+id, else the host. The server exits when idle for `CAMPAIGN_WARM_IDLE_S` (300 s). When
+`CAMPAIGN_WARM_PARENT` (`host:pid`, the block's process on this host) is gone it drains:
+no new launch is served, running ranks finish (as cold ones would), then it exits. It never
+touches a device: CUDA or XPU start in each child.
 
 What a fork cannot give a child, and what is done instead (tested in tests/train/test_warm.py):
 - variables read when torch is imported (LD_PRELOAD, LD_LIBRARY_PATH, PYTHONPATH, ...)
   are part of the server's key: a client whose values differ gets a server of its own;
 - OpenMP read its thread count when torch was imported: the child sets torch's intra-op
-  threads from its own OMP_NUM_THREADS, else its CPU affinity, as a cold start would;
+  threads from its own OMP_NUM_THREADS or MKL_NUM_THREADS, else the physical cores of its
+  CPU affinity, as a cold start would;
+- /proc/PID/environ and cmdline of a child are the server's (which holds no rank variables);
 - the hash seed is the server's (deterministic code does not care).
 `CAMPAIGN_WARM=0`, a command that is not this interpreter running `-m module` or a script,
 or a server that cannot be reached, start the command cold (exec), as without warm start.
