@@ -58,8 +58,8 @@ def warm_start(trainer: TrainConfig, launcher: str) -> bool:
     """Whether ranks start from the node's fork server (campaign.train.warm): `true` for a
     command that starts with `{python}`; `auto` for the built-in trainer with the local
     launcher (a script of your own runs in the warm interpreter only when you ask)."""
-    if trainer.warm_start is True:
-        return (trainer.command or DEFAULT_COMMAND)[0] == "{python}"
+    if trainer.warm_start is True:  # validation refused it for a command not starting with {python}
+        return True
     return trainer.warm_start == "auto" and trainer.command is None and launcher == "local"
 
 

@@ -105,9 +105,13 @@ def _recv(sock: socket.socket) -> dict[str, Any]:
 
 # --- where a server lives -------------------------------------------------------------------
 
+def _job_id(env: dict[str, str]) -> str | None:
+    return env.get("PBS_JOBID") or env.get("SLURM_JOB_ID")
+
+
 def scope(env: dict[str, str]) -> str:
     """The block this launch belongs to: one server per scope and node."""
-    return env.get("CAMPAIGN_WARM_SCOPE") or env.get("PBS_JOBID") or env.get("SLURM_JOB_ID") or socket.gethostname()
+    return env.get("CAMPAIGN_WARM_SCOPE") or _job_id(env) or socket.gethostname()
 
 
 def launch_environment() -> dict[str, str]:
@@ -116,8 +120,8 @@ def launch_environment() -> dict[str, str]:
     host = socket.gethostname()
     pool = os.environ.get("PARSL_WORKER_POOL_ID")
     owner = os.getppid() if pool else os.getpid()
-    job = os.environ.get("PBS_JOBID") or os.environ.get("SLURM_JOB_ID")
-    return {"CAMPAIGN_WARM_SCOPE": job or f"{host}-{pool or 'driver'}-{owner}", "CAMPAIGN_WARM_PARENT": f"{host}:{owner}"}
+    scope = _job_id(dict(os.environ)) or f"{host}-{pool or 'driver'}-{owner}"
+    return {"CAMPAIGN_WARM_SCOPE": scope, "CAMPAIGN_WARM_PARENT": f"{host}:{owner}"}
 
 
 def server_key(executable: str, env: dict[str, str]) -> str:

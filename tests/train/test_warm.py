@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from train_helpers import REPO, tiny_config
+from train_helpers import REPO, free_port, tiny_config
 
 from campaign.train import warm
 
@@ -201,7 +201,7 @@ def test_the_built_in_trainer_trains_the_same_losses_warm_as_cold(tmp_path, scop
         run.mkdir()
         cfg = run / "config.json"
         cfg.write_text(json.dumps(tiny_config(run / "ck", run={"max_steps": 6})))
-        port = str(_free_port())
+        port = str(free_port())
         procs = []
         for rank in range(2):
             env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
@@ -231,11 +231,3 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
