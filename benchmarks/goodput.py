@@ -7,7 +7,7 @@ spares) through `campaign submit`, under a seeded schedule of hangs and crashes:
 launch, a fault comes after an exponential number of training steps (mean `--mean-steps`),
 on a random rank, half hangs and half crashes (exit 1, no evidence). Faults are tied to the
 attempt they hit (fault k fires in attempt k), so both runs meet the same faults at the same
-steps. Run twice in one invocation, each with its own ledger:
+steps. Run in one invocation, each with its own ledger (`--policies` picks which):
 
 - **ours**: the long run's defaults (stall budget 3 x p99 step + 9 s from step progress, or
   + 2 s when the heartbeats show one rank computing while its peers wait; culprits named
@@ -46,14 +46,6 @@ import yaml
 MODEL = {"size": "tiny", "n_layer": 4, "d_model": 256, "n_head": 4, "seq_len": 128}
 """A step of ~0.15 s on 2 CPU cores (--d-model and --seq-len make it longer; --size another shape)."""
 
-
-@dataclass(frozen=True)
-class Setup:
-    """What the campaigns of one invocation train on: model, active nodes, batch."""
-
-    model: dict[str, Any]
-    nodes: int = 2
-    micro_batch: int = 4
 SPARES = 3
 """One per node the long run may exclude (its `exclusion_budget`): with fewer, random hangs
 exclude healthy nodes until the allocation is too small (measured with 1: the stage stopped)."""
@@ -74,6 +66,15 @@ def schedule(seed: int, steps: int, mean: float, every: int, ranks: int) -> list
         out.append({"kind": rng.choice(["hang", "crash"]), "step": at, "rank": rng.randrange(ranks),
                     "attempt": len(out) + 1})
         resume = every * ((at - 1) // every)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the campaigns of one invocation train on: model, active nodes, batch."""
+
+    model: dict[str, Any]
+    nodes: int = 2
+    micro_batch: int = 4
 
 
 POLICIES = (("ours", {}, {}), ("ours cold", {}, {"warm_start": False}), ("baseline", BASELINE, {"warm_start": False}))
@@ -156,6 +157,13 @@ def main() -> None:
     ap.add_argument("--policies", default="ours,ours cold,baseline",
                     help="which runs, comma-separated (default: all three; the first and the last are compared)")
     args = ap.parse_args()
+    wanted = [w.strip() for w in args.policies.split(",") if w.strip()]
+    known = [p[0] for p in POLICIES]
+    if not wanted or set(wanted) - set(known):
+        ap.error(f"--policies {args.policies!r}: choose from {', '.join(known)} (comma-separated)")
+    for name in ("steps", "nodes", "micro_batch"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     from campaign import goodput
 
     model = dict(MODEL) if args.size is None else {"size": args.size}
@@ -174,7 +182,6 @@ def main() -> None:
         if not faults:
             print(f"note: seed {args.seed} draws no fault within {args.steps} steps: this measures the fault-free ceiling")
         rows = []
-        wanted = [w.strip() for w in args.policies.split(",")]
         for label, extra, trainer in (p for p in POLICIES if p[0] in wanted):
             name = label.replace(" ", "-")
             out = run(name, spec(setup, name, args.steps, every, faults, extra, trainer), tmp)
