@@ -133,7 +133,30 @@ def parse(data: Any, source: str = "<spec>", lines: yamlfile.Lines | None = None
     try:
         return CampaignSpec.model_validate(data)
     except ValidationError as e:
-        raise SpecError(source, [_problem(err, source, lines or {}) for err in e.errors()]) from None
+        raise SpecError(source, [_problem(err, source, lines or {}) for err in _merge_union_members(e.errors())]) from None
+
+
+_MEMBER = re.compile(r"^(?:bool|int|float|str|literal\[.*\])$")
+"""The last part of a location pydantic adds for each member of a union (`bool | Literal['auto']`)."""
+
+
+def _merge_union_members(errors: list[Any]) -> list[Any]:
+    """One error per field for a value no member of its union takes (`trainer.warm_start: must
+    be true or false or one of 'auto', got 'maybe'`), not one per member under its type's name."""
+    out: list[Any] = []
+    merged: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for err in errors:
+        loc = err["loc"]
+        if not (loc and isinstance(loc[-1], str) and _MEMBER.match(loc[-1])):
+            out.append(err)
+            continue
+        want = re.split(r"[,;] got ", _explain(err, _data_path(loc[:-1]))[1])[0].removeprefix("must be ")
+        if loc[:-1] in merged:
+            merged[loc[:-1]]["wants"].append(want)
+            continue
+        merged[loc[:-1]] = {**err, "loc": loc[:-1], "type": "union_members", "wants": [want]}
+        out.append(merged[loc[:-1]])
+    return out
 
 
 def _problem(err: Any, source: str, lines: yamlfile.Lines) -> str:
@@ -169,6 +192,8 @@ def _explain(err: Any, loc: tuple[Any, ...]) -> tuple[tuple[Any, ...], str]:
         return loc, f"{_show(value)} {names.problem(value)}"
     if kind == "literal_error":
         return loc, f"must be one of {ctx.get('expected')}; got {_show(value)}"
+    if kind == "union_members":
+        return loc, f"must be {' or '.join(err['wants'])}, got {_show(value)}"
     if kind == "too_short":
         items = "stage" if loc == ("stages",) else "item"
         return loc, f"must list at least {ctx.get('min_length')} {items}, got {ctx.get('actual_length')}"

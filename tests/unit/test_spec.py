@@ -67,6 +67,9 @@ MALFORMED: list[tuple[str, str | bytes, str]] = [
      "stages[0].steps: must be a whole number, got 2.5 ({f}, line 4)"),
     ("type-bool", "name: demo\nstages:\n  - kind: smoke\n    continue_on_failure: maybe\n",
      "stages[0].continue_on_failure: must be true or false, got 'maybe' ({f}, line 4)"),
+    # one problem for a value no member of a union takes, not one per member
+    ("type-bool-or-auto", "name: demo\ntrainer:\n  warm_start: maybe\nstages:\n  - kind: smoke\n",
+     "trainer.warm_start: must be true or false or one of 'auto', got 'maybe' ({f}, line 3)"),
     ("type-stage-scalar", "name: demo\nstages:\n  - smoke\n",
      "stages[0]: must be a mapping (`key: value` lines), got 'smoke' ({f}, line 3)"),
     ("type-site-scalar", "name: demo\nsite: local\nstages:\n  - kind: smoke\n",
