@@ -182,6 +182,12 @@ class TrainConfig(_Strict):
     import of torch (1.4 s of a 2.4 s relaunch on a small machine; far more from a shared
     filesystem at scale). `auto`: the built-in trainer with the `local` launcher (where it is
     tested end to end); true: any launcher, and your own command if it starts with `{python}`."""
+    rescue: bool | Literal["auto"] = "auto"
+    """After a crash or a hang, one surviving replica saves the last finished step before the
+    launch is stopped, so the relaunch recomputes nothing (`campaign.train.rescue`; the
+    built-in trainer under DDP on the CPU, in stages that resume). `auto`: with the `local`
+    launcher, which leaves survivors running and delivers SIGUSR1 to every rank; true: any
+    launcher (yours must do the same)."""
 
     @model_validator(mode="after")
     def _own_trainer(self) -> TrainConfig:
@@ -203,6 +209,9 @@ class TrainConfig(_Strict):
         if self.warm_start is True and self.command and self.command[0] != "{python}":
             raise ValueError(f"trainer.warm_start: the command must start with {{python}} (the interpreter the "
                              f"fork server keeps warm), not {self.command[0]!r}")
+        if self.rescue is True and self.command is not None:
+            raise ValueError("trainer.rescue: only the built-in trainer saves a rescue checkpoint; set it to "
+                             "false or auto for a command of your own")
         if self.command is None and (self.progress != "metrics" or self.checkpoints or self.resume_args):
             raise ValueError("trainer.command: progress, checkpoints and resume_args describe a trainer of your "
                              "own; name its command")
@@ -253,6 +262,9 @@ class RunConfig(_Strict):
     """Wall-clock deadline (scheduler walltime); checkpoint and exit 143 before it."""
     attempt: int = 1
     """Attempt number within the stage (faults may target one)."""
+    rescue: bool = False
+    """Answer the supervisor's rescue request (SIGUSR1) after a fault: one surviving replica
+    saves the last finished step (campaign.train.rescue; DDP on the CPU only)."""
 
 
 class TrainerConfig(_Strict):

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from campaign import report
-from campaign.train import checkpoint, flops
+from campaign.train import checkpoint, flops, rescue
 from campaign.train.config import TrainConfig, TrainerConfig
 from campaign.train.data import Sampler, make_source
 from campaign.train.dist import DistEnv
@@ -82,6 +82,8 @@ class Trainer:
     """bf16 from torch.autocast (no wrapper, DDP) rather than FSDP2's mixed-precision policy."""
     flops_per_token: float
     device_name: str | None
+    wrapper: str = "none"
+    """What parallelize applied: "ddp", "fsdp" or "none" (one rank)."""
 
 
 def build(cfg: TrainerConfig, env: DistEnv) -> Trainer:
@@ -104,7 +106,8 @@ def build(cfg: TrainerConfig, env: DistEnv) -> Trainer:
     sampler = Sampler(make_source(cfg.data), shape.seq_len, t.micro_batch_size, env.rank,
                       env.world_size, t.grad_accum, env.device)
     fpt = flops.flops_per_token(n_params, shape.n_layer, shape.n_head, shape.head_dim, shape.seq_len)
-    return Trainer(model, optim, sched, sampler, par.comm, par.autocast, fpt, flops.device_name(env.device))
+    return Trainer(model, optim, sched, sampler, par.comm, par.autocast, fpt, flops.device_name(env.device),
+                   par.wrapper)
 
 
 def _sync(device: torch.device) -> None:
@@ -149,20 +152,37 @@ def train(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
     saver = checkpoint.Saver(cfg.run.checkpoint_dir, device=env.device, keep_last=cfg.train.keep_last,
                              asynchronous=save_async(cfg.train, env.device), on_saved=on_saved,
                              before_write=faults.in_checkpoint)
+    res = _rescue(cfg, env, rep, stop, tr)
     try:
-        code = _loop(cfg, env, rep, stop, tr, faults, saver, saves)
-    except BaseException:
+        code = _loop(cfg, env, rep, stop, tr, faults, saver, saves, res)
+    except BaseException as exc:
         if saver.in_flight:  # its writer thread may sit in a collective and keep us alive
             traceback.print_exc()
             sys.stderr.flush()
             os._exit(report.EXIT_SIGTERM if stop() else 1)
+        if rescue.peer_lost(exc):  # a peer died under our collective: our replica may be saved
+            res.linger()
         raise
     saver.close()
     return code
 
 
+def _rescue(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag,
+            tr: Trainer) -> rescue.Rescue | rescue.NoRescue:
+    """The rescue side of this rank (campaign.train.rescue), answering SIGUSR1, where the
+    attempt asks for it and the state is replicated; else a null one."""
+    if not (cfg.run.rescue and rescue.supported(wrapper=tr.wrapper, world_size=env.world_size, device=env.device)):
+        return rescue.NoRescue()
+    res = rescue.Rescue(run_dir=str(rep.run_dir), checkpoint_dir=cfg.run.checkpoint_dir, rank=env.rank,
+                        world_size=env.world_size, keep_last=cfg.train.keep_last,
+                        state=lambda: (tr.model, tr.optim, tr.sched))
+    stop.on_usr1 = res.on_signal
+    return res
+
+
 def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag, tr: Trainer,
-          faults: Faults, saver: checkpoint.Saver, saves: list[checkpoint.Saved]) -> int:
+          faults: Faults, saver: checkpoint.Saver, saves: list[checkpoint.Saved],
+          res: rescue.Rescue | rescue.NoRescue) -> int:
     t, run = cfg.train, cfg.run
     model, optim, sampler = tr.model, tr.optim, tr.sampler
     W, A = env.world_size, t.grad_accum
@@ -182,7 +202,8 @@ def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
             tr.sched.last_epoch = step
             for g, base in zip(optim.param_groups, tr.sched.base_lrs):
                 g["lr"] = base * lr_factor(t, step + 1)
-    rep.event("start", step, world_size=W, resumed=bool(meta))
+    res.mark(step, tokens, sampler.position)
+    rep.event("start", step, world_size=W, resumed=bool(meta), rescue=res.enabled)
     if meta:
         rep.event("checkpoint_loaded", step, tokens=tokens,
                   path=os.path.join(run.checkpoint_dir, report.checkpoint_name(step)))
@@ -235,6 +256,7 @@ def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.max_grad_norm or math.inf)
         lr = optim.param_groups[0]["lr"]
         saver.before_update()  # an async save's copy of the state must be finished
+        res.updating()  # from here until the step is done the state is no replica to save
         optim.step()
         optim.zero_grad(set_to_none=True)
         tr.sched.step()
@@ -255,6 +277,7 @@ def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
         sampler.advance()
         tokens += tokens_per_step
         _sync(env.device)
+        res.mark(step, tokens, sampler.position)
         step_s = time.perf_counter() - t0
         final = step >= run.max_steps or (run.max_tokens is not None and tokens >= run.max_tokens)
         if step % t.log_every == 0 or final or term_any or deadline_any:

@@ -1,0 +1,193 @@
+"""Rescue checkpoints: after a fault, one surviving DDP replica saves the last finished step.
+
+Under DDP every rank holds the whole model, optimizer and scheduler, identical after each
+step. When one rank crashes or hangs, the others still hold that state in memory: the work
+since the last periodic checkpoint need not be recomputed (just-in-time checkpointing, Gupta
+et al., EuroSys 2024). The flow:
+
+1. The trainer says it can (`"rescue": true` in startup.json) and keeps, after every step,
+   which step its state holds (`mark`), and a flag that is off while the optimizer changes it
+   (`updating`).
+2. On a crash or a stall the supervisor writes `rescue-request.json` into the run directory,
+   naming one rank on a healthy node, and sends SIGUSR1 to the launch.
+3. A rank whose collective failed (its peer crashed) does not exit at once: it lingers up to
+   `CAMPAIGN_RESCUE_LINGER_S` (default 20 s) for that signal. A rank blocked in a collective
+   (its peer hangs) never returns to Python, so the signal's reader thread does the work.
+4. The named rank saves, without any collective, a DCP checkpoint of the step its state
+   holds (`step-NNNNNNNN/`, the same layout as a periodic one, one `rank-RRRRR.pt` per rank,
+   `meta.json` with `"rescue": {"rank": R}`, `.complete` last), into a hidden folder first,
+   renamed into place once durable. If the optimizer ran during the save (the rank was not
+   stuck after all), the save is discarded. It writes `rescue.json` (saved or why not).
+5. The supervisor waits for `rescue.json` (bounded), then stops the launch as before; the
+   relaunch resumes from the newest complete checkpoint, now the rescued one.
+
+Only where the state is replicated and updated synchronously: DDP, more than one rank, on
+the CPU (on an accelerator the optimizer's kernels are queued before the host learns that
+a collective failed, so the host cannot tell whether the state on the device was updated).
+This module imports torch only to save, so the supervisor can read its file names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from campaign import report
+
+REQUEST_FILE = "rescue-request.json"
+"""Written by the supervisor: {"rank": R} (the rank that saves), then SIGUSR1."""
+RESULT_FILE = "rescue.json"
+"""Written by the rank that was asked: {"saved": bool, "step", "path", "seconds", "why"}."""
+DEFAULT_LINGER_S = 20.0
+
+
+def supported(*, wrapper: str, world_size: int, device: Any) -> bool:
+    """Whether this run's state is replicated on every rank and updated synchronously."""
+    return wrapper == "ddp" and world_size > 1 and device.type == "cpu"
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """Whether `exc` is a collective failing because a peer went away (gloo's "Connection
+    closed by peer", NCCL's remote error, ...): this rank is a victim, its state intact. Its
+    own errors (a bug, out of memory) are not: it must fail at once, as evidence."""
+    from campaign import evidence
+
+    lines = str(exc).splitlines() or [""]
+    return any((sig := evidence.match(line)) is not None and sig.scope == "fabric" for line in lines)
+
+
+class NoRescue:
+    """The null rescue: the run cannot (FSDP, one rank, an accelerator) or was not asked to."""
+
+    enabled = False
+
+    def mark(self, step: int, tokens: int, data_position: int) -> None:
+        pass
+
+    def updating(self) -> None:
+        pass
+
+    def linger(self) -> None:
+        pass
+
+
+class Rescue:
+    """One rank's side. `state()` returns (model, optim, sched) when a save is asked for."""
+
+    enabled = True
+
+    def __init__(self, *, run_dir: str, checkpoint_dir: str, rank: int, world_size: int,
+                 keep_last: int, state: Any) -> None:
+        self.run_dir, self.root = Path(run_dir), Path(checkpoint_dir)
+        self.rank, self.world_size, self.keep_last = rank, world_size, keep_last
+        self._state = state
+        self._lock = threading.Lock()
+        self._held: tuple[int, int, int] | None = None  # (step, tokens, data_position) the state holds
+        self._version = 0  # bumped whenever the optimizer starts changing the state
+        self._asked = threading.Event()
+        self._finished = threading.Event()
+
+    # --- the training loop's calls ---------------------------------------------------
+    def mark(self, step: int, tokens: int, data_position: int) -> None:
+        """The state now holds the end of `step` (the device finished it)."""
+        with self._lock:
+            self._held = (step, tokens, data_position)
+
+    def updating(self) -> None:
+        """The optimizer is about to change the state: no save until the next `mark`."""
+        with self._lock:
+            self._held = None
+            self._version += 1
+
+    def linger(self) -> None:
+        """After a failed collective: wait for the supervisor's request (and, if this rank
+        was asked, for its save) before the exception takes the process down."""
+        if self._held is None:
+            return
+        limit = float(os.environ.get("CAMPAIGN_RESCUE_LINGER_S", DEFAULT_LINGER_S))
+        if self._asked.wait(limit):
+            self._finished.wait(limit + 600)  # a save that started is let finish (the supervisor bounds it)
+
+    # --- the signal's side (the SIGUSR1 reader thread) -----------------------------------
+    def on_signal(self) -> None:
+        """SIGUSR1 (in the signal reader thread): answer in a thread of its own, so that a
+        SIGTERM during the save is still handled."""
+        threading.Thread(target=self._answer, name="campaign-rescue", daemon=True).start()
+
+    def _answer(self) -> None:
+        """Read the request; the named rank saves. Never raises."""
+        try:
+            request = json.loads((self.run_dir / REQUEST_FILE).read_text())
+        except (OSError, ValueError):
+            return  # not a rescue request (or not for this attempt): ignore
+        with self._lock:
+            if self._asked.is_set():
+                return
+            self._asked.set()
+        try:
+            if int(request.get("rank", -1)) == self.rank:
+                result = self._save()
+                report.write_json_atomic(self.run_dir / RESULT_FILE, {"rank": self.rank, **result})
+        except Exception as exc:  # noqa: BLE001 - the supervisor must hear why, not a dead thread
+            report.write_json_atomic(self.run_dir / RESULT_FILE,
+                                     {"rank": self.rank, "saved": False, "why": f"{type(exc).__name__}: {exc}"})
+        finally:
+            self._finished.set()
+
+    def _save(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        with self._lock:
+            held, version = self._held, self._version
+        if held is None:
+            return {"saved": False, "why": "the state was being updated (mid optimizer step)"}
+        step, tokens, position = held
+        newest = [c["step"] for c in report.list_checkpoints(self.root) if c["complete"]]
+        if step == 0 or (newest and newest[-1] >= step):
+            return {"saved": False, "step": step, "why": f"step {step} is already covered by a complete checkpoint"}
+        final = self.root / report.checkpoint_name(step)
+        tmp = self.root / f".rescue-{report.checkpoint_name(step)}-rank-{self.rank}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        write_replica(tmp, *self._state(), world_size=self.world_size)
+        with self._lock:
+            moved = self._version != version
+        if moved:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return {"saved": False, "step": step, "why": "the optimizer ran during the save: discarded"}
+        report.complete_checkpoint(tmp, step=step, tokens=tokens, rank=0, data_position=position,
+                                   world_size=self.world_size, rescue={"rank": self.rank})
+        shutil.rmtree(final, ignore_errors=True)  # an incomplete periodic save of the same step
+        os.rename(tmp, final)
+        from campaign.train.checkpoint import prune
+
+        prune(str(self.root), self.keep_last)
+        return {"saved": True, "step": step, "tokens": tokens, "path": str(final),
+                "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def write_replica(path: Path, model, optim, sched, *, world_size: int) -> None:
+    """This rank's replica as a checkpoint any world size loads: DCP shards written by one
+    process (no collective), and the same RNG and scheduler state for every rank (DDP ranks
+    share the seed and step in lockstep)."""
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from campaign.train.checkpoint import _rng_state, _torch_bytes
+
+    msd, osd = get_state_dict(model, optim)
+    with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save({"model": msd, "optim": osd}, storage_writer=FileSystemWriter(path, sync_files=True),
+                 no_dist=True)
+    buf = _torch_bytes({"rng": _rng_state(torch.device("cpu")), "scheduler": sched.state_dict()})
+    for r in range(world_size):
+        report.write_durable(path / f"rank-{r:05d}.pt", buf)
