@@ -77,7 +77,8 @@ class Setup:
     micro_batch: int = 4
 
 
-POLICIES = (("ours", {}, {}), ("ours cold", {}, {"warm_start": False}), ("baseline", BASELINE, {"warm_start": False}))
+POLICIES = (("ours", {}, {}), ("ours cold", {}, {"warm_start": False}), ("no rescue", {}, {"rescue": False}),
+            ("baseline", BASELINE, {"warm_start": False, "rescue": False}))
 """(label, stage overrides, trainer overrides)."""
 
 

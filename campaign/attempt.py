@@ -184,7 +184,9 @@ def trainer_config(spec: CampaignSpec, targets: Targets, *, stage_dir: Path, att
         model=spec.model, data=spec.data, train=train, faults=list(faults),
         run=RunConfig(max_steps=targets.steps, max_tokens=targets.max_tokens,
                       checkpoint_dir=str(stage_dir / targets.checkpoints), checkpoint_at=list(targets.checkpoint_at),
-                      checkpoint_final=targets.checkpoint_final, resume=targets.resume, attempt=attempt),
+                      checkpoint_final=targets.checkpoint_final, resume=targets.resume, attempt=attempt,
+                      # A rescue helps a stage that resumes; a bit-exact comparison wants its own checkpoints.
+                      rescue=targets.resume and not targets.exact and contract.rescue(train, spec.site.launcher)),
     )
 
 
@@ -504,6 +506,8 @@ class StageContext:
                                       suspects=rep.get("suspects", []), summary=summary)
                 goodput.record_attempt(s, a, report.read_events(run_dir))
         self.engine.progress.attempt_finished(self.run.name, number, rep)
+        if rep.get("rescue"):
+            self.event("rescue", rescue_message(rep["rescue"]), attempt_id=attempt_id, data=rep["rescue"])
         for st in rep.get("stragglers") or []:
             self.event("straggler", f"straggler {st['node']}: computes {st['ratio']:.1f}x as long per step as the "
                        f"other nodes' median ({st['compute_s'] * 1000:.0f} ms vs {st['others_median_s'] * 1000:.0f} ms)",
@@ -511,6 +515,14 @@ class StageContext:
         nodes = list(rep.get("nodes") or [])
         return AttemptOutcome(attempt_id, number, run_dir, nodes, len(nodes) * self.spec.site.ranks_per_node, rep,
                               metrics, report.read_startup(run_dir), checkpoints)
+
+
+def rescue_message(r: dict[str, Any]) -> str:
+    """One line for the ledger's event of a rescue (the supervisor's `rescue` report)."""
+    if r.get("saved"):
+        return (f"rescue checkpoint of step {r['step']} saved by rank {r['rank']} in {r.get('seconds', 0):.2f} s "
+                f"(asked {r.get('waited_s', 0):.2f} s before the launch was stopped)")
+    return f"no rescue checkpoint: {r.get('why', 'unknown')}"
 
 
 def _app_failure(e: Exception, run_dir: Path) -> dict[str, Any]:
@@ -540,5 +552,5 @@ def _tokens_base(run: StageRun, resume: bool) -> int:
 
 def _summary(rep: dict[str, Any]) -> dict[str, Any]:
     keep = ("duration_s", "killed_by", "stall", "first_failure", "launch_command", "launch_text", "error",
-            "detected_after_s", "spares", "allocation", "stragglers", "finding")
+            "detected_after_s", "spares", "allocation", "stragglers", "finding", "rescue")
     return {k: rep.get(k) for k in keep if rep.get(k) not in (None, [])}

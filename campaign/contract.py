@@ -63,6 +63,14 @@ def warm_start(trainer: TrainConfig, launcher: str) -> bool:
     return trainer.warm_start == "auto" and trainer.command is None and launcher == "local"
 
 
+def rescue(trainer: TrainConfig, launcher: str) -> bool:
+    """Whether an attempt's trainer is asked to answer rescue requests (campaign.train.rescue):
+    the built-in trainer only; `auto` with the local launcher."""
+    if trainer.command is not None or trainer.rescue is False:
+        return False
+    return trainer.rescue is True or launcher == "local"
+
+
 def _expand(arg: str, values: dict[str, str]) -> str:
     return arg.format_map(values)
 

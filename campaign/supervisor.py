@@ -11,7 +11,10 @@ the trainer with the site's launcher, and watches it:
 - when one rank fails, the others get `FAILED_RANK_GRACE_S` to notice before the launch is
   stopped; the first failure is the evidence;
 - a `STOP` file in the run directory (written by `campaign cancel`, or by a driver
-  that recovers from a crash) stops the launch (class `cancelled`).
+  that recovers from a crash) stops the launch (class `cancelled`);
+- before it stops a launch after a crash or a stall, a trainer that can (its `start` event
+  says `rescue`) is asked to save a rescue checkpoint from one surviving replica
+  (`campaign.train.rescue`): the relaunch then loses no step.
 
 It returns a plain dict (`AttemptReport`) that survives Parsl's serialization, and never
 touches the ledger: the driver ingests `metrics.jsonl` and the report.
@@ -33,7 +36,7 @@ from typing import Any
 
 from campaign import evidence, exits, report, watchdog
 from campaign.attempt import AttemptRequest, Interrupt
-from campaign.train import warm
+from campaign.train import rescue, warm
 
 POLL_S = 0.25
 """How often the supervisor looks at the launch; cheap (a few small reads)."""
@@ -41,6 +44,11 @@ FAILED_RANK_GRACE_S = 10.0
 """After one rank failed, how long the others get to exit by themselves."""
 TERM_GRACE_S = 5.0
 """Between SIGTERM and SIGKILL when the supervisor stops a launch."""
+RESCUE_WAIT_S = 60.0
+"""How long a rescue save may take before any checkpoint's time was measured."""
+NOT_FAULTS = frozenset({exits.SIGTERM, exits.NONFINITE, exits.NO_RETRY, exits.BROKEN_ENV})
+"""Exits after which no rescue is asked for: the deadline (the trainer checkpointed), a
+diverged or misconfigured run, an environment that cannot train."""
 STOP_FILE = "STOP"
 """Written into the run directory to ask the supervisor to stop the launch (cancel)."""
 PIDS_FILE = "pids.json"
@@ -70,6 +78,8 @@ class AttemptReport:
     short_of_nodes: bool = False
     finding: dict[str, Any] | None = None
     """What the evidence says of a crash (`campaign.evidence.Finding`): node, systemic or unknown."""
+    rescue: dict[str, Any] | None = None
+    """The rescue checkpoint asked for after the fault (`rescue.json`: saved, step, rank, seconds or why not)."""
 
 
 @dataclass
@@ -99,6 +109,10 @@ class _Launch:
 
     def signal(self, sig: int) -> None:
         self.stopped_at = self.stopped_at or time.time()
+        self.notify(sig)
+
+    def notify(self, sig: int) -> None:
+        """Send `sig` to every process group still running, without stopping the launch."""
         for i, (_, _, p) in enumerate(self.procs):
             if i not in self.exits:
                 try:
@@ -186,6 +200,7 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
         launch_text=text,
         detected_after_s=watched.detected_after_s, stragglers=watchdog.stragglers(beats, policy.straggler_ratio),
         finding=finding.to_dict() if finding else None, error=finding.message if finding and code else None,
+        rescue=watched.rescue,
     )
     return _finish(run_dir, out)
 
@@ -269,6 +284,7 @@ class _WatchOutcome:
     stall: str | None = None
     suspects: list[dict[str, Any]] = field(default_factory=list)
     detected_after_s: float | None = None
+    rescue: dict[str, Any] | None = None
 
 
 @dataclass
@@ -325,12 +341,13 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
     interrupt = request.interrupt
     timeout = request.timeout_s
     offsets = {"metrics": 0, "events": 0}
+    rescued: dict[str, Any] | None = None
     while True:
         now = time.time()
         launch.poll(now)
         if launch.done:
             return _WatchOutcome(killed_by="interrupt" if interrupt and watch.last_step >= interrupt.after_step
-                            else None)
+                                 else None, rescue=rescued)
         if adapter is not None:
             adapter.poll(now)
         _observe(run_dir, watch, offsets, now)
@@ -342,9 +359,14 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
             _wait(launch, timeout=30.0)
             return _WatchOutcome(killed_by="interrupt")
         failure = launch.first_failure()
+        if failure is not None and watch.rescue and rescued is None and failure[1] not in NOT_FAULTS:
+            # A rank died: the survivors linger (their collective failed) for the rescue request.
+            rank, _, node, _ = launcher_failure(run_dir / "logs" / "launcher.log", failure) if failure[0] == -1 \
+                else failure
+            rescued = _rescue(launch, request, hosts, watch, avoid_nodes={node}, avoid_ranks={rank})
         if failure is not None and now - failure[3] > FAILED_RANK_GRACE_S:
             launch.stop(time.time)
-            return _WatchOutcome(killed_by=None)  # the failed rank's exit is the evidence, not the stop
+            return _WatchOutcome(killed_by=None, rescue=rescued)  # the failed rank's exit is the evidence
         decision = watchdog.decide(watch, policy, now)
         early = watchdog.early_budget(watch, policy)
         if not decision.stalled and early is not None and now - watch.last_progress > early and failure is None:
@@ -365,9 +387,53 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
             # A trainer read through its output (progress: stdout) writes no heartbeats: their absence is no evidence.
             suspects = watchdog.culprits(beats, hosts, now, policy) if beats or adapter is None else []
             detected = now - watch.last_progress
+            if watch.rescue:
+                rescued = _rescue(launch, request, hosts, watch, avoid_nodes={s["node"] for s in suspects},
+                                  avoid_ranks={s["evidence"].get("rank") for s in suspects})
             launch.stop(time.time)
-            return _WatchOutcome(killed_by="stalled", stall=reason, suspects=suspects, detected_after_s=round(detected, 2))
+            return _WatchOutcome(killed_by="stalled", stall=reason, suspects=suspects, detected_after_s=round(detected, 2),
+                                 rescue=rescued)
         time.sleep(POLL_S)
+
+
+def _rescue(launch: _Launch, request: AttemptRequest, hosts: list[str], watch: watchdog.Watch, *,
+            avoid_nodes: set[str], avoid_ranks: set[Any]) -> dict[str, Any]:
+    """Ask one replica on a healthy node to save a rescue checkpoint (campaign.train.rescue):
+    write the request, SIGUSR1 the launch, wait for `rescue.json` (bounded by the checkpoint
+    budget). Every rank reads the request; the others, lingering after a lost peer, exit."""
+    run_dir = Path(request.run_dir)
+    rank = _rescuer(launch, request, hosts, avoid_nodes, avoid_ranks)
+    t0 = time.time()
+    report.write_json_atomic(run_dir / rescue.REQUEST_FILE, {"rank": rank})
+    launch.notify(signal.SIGUSR1)
+    if rank < 0:
+        return {"saved": False, "why": "no surviving rank outside the suspect nodes"}
+    policy = request.watchdog
+    budget = (policy.checkpoint_factor * max(watch.checkpoint_saves) + policy.floor_s if watch.checkpoint_saves
+              else RESCUE_WAIT_S)
+    result = run_dir / rescue.RESULT_FILE
+    while time.time() - t0 < budget and not result.exists():
+        time.sleep(0.05)
+        launch.poll(time.time())
+        if launch.done:
+            break
+    try:
+        out = json.loads(result.read_text())
+    except (OSError, ValueError):
+        out = {"rank": rank, "saved": False, "why": f"rank {rank} did not answer within {budget:.0f} s"}
+    return {**out, "waited_s": round(time.time() - t0, 3)}
+
+
+def _rescuer(launch: _Launch, request: AttemptRequest, hosts: list[str], avoid_nodes: set[str],
+             avoid_ranks: set[Any]) -> int:
+    """The lowest rank still running on a node not under suspicion, or -1."""
+    local = {rank: (node, i) for i, (rank, node, _) in enumerate(launch.procs) if rank >= 0}
+    for rank in range(len(hosts) * request.ranks_per_node):
+        node, i = local.get(rank, (hosts[rank // request.ranks_per_node], None))
+        if node in avoid_nodes or rank in avoid_ranks or (i is not None and i in launch.exits):
+            continue
+        return rank
+    return -1
 
 
 def _observe(run_dir: Path, watch: watchdog.Watch, offsets: dict[str, int], now: float) -> None:

@@ -97,6 +97,8 @@ class Watch:
     exiting_since: float | None = None
     final_event: str | None = None
     steps_seen: int = 0
+    rescue: bool = False
+    """The trainer's `start` event said it answers a rescue request (campaign.train.rescue)."""
 
     def __post_init__(self) -> None:
         self.last_progress = self.started
@@ -115,6 +117,8 @@ class Watch:
             if e.get("event") == "checkpoint_saved" and e.get("seconds") is not None:
                 self.checkpoint_saves.append(float(e["seconds"]))
                 self.last_progress = max(self.last_progress, now)
+            if e.get("event") == "start":
+                self.rescue = bool(e.get("rescue"))
             if e.get("event") == "checkpoint_loaded":
                 self.last_progress = max(self.last_progress, now)
             if e.get("event") in ("done", "deadline", "nonfinite_loss"):

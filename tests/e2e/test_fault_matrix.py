@@ -34,7 +34,11 @@ def check_recovered(view: dict[str, Any], bad: str, first_class: str) -> None:
     assert [e["node"] for e in view["exclusions"]] == [bad]
     assert view["exclusions"][0]["evidence"]["attempt"] == 1 and view["exclusions"][0]["expires"] is not None
     assert bad not in a2["nodes"] and "local-n2" in a2["nodes"], "the spare replaces the bad node"
-    assert a2["first_step"] == 21, "relaunch resumes from the last complete checkpoint (step 20)"
+    # The rank on the healthy node saved step 24 (a rescue checkpoint) before the launch was
+    # stopped: the relaunch goes on from there, not from the periodic checkpoint of step 20.
+    rescue = a1["summary"]["rescue"]
+    assert rescue["saved"] and rescue["step"] == 24, rescue
+    assert a2["first_step"] == 25, "relaunch resumes from the rescue checkpoint (step 24)"
     assert a2["state"] == "succeeded" and a2["last_step"] == 30
     assert view["stage"] == "passed"
     kinds = [k for k, _ in view["events"]]
@@ -116,13 +120,16 @@ def test_corrupted_newest_checkpoint_falls_back_to_the_previous(ws: Workspace) -
     spec = ws.write_spec(tiny_spec("corrupt", [stage]))
     r = ws.cli("submit", str(spec), CAMPAIGN_ALLOW_FAULTS="1")
     assert r.code == 1, "one attempt only: the crash fails the stage"
-    ckpt = ws.workdir / "corrupt" / "long" / "checkpoints" / "step-00000030"
-    for f in ckpt.rglob("*.distcp"):
-        f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])  # truncate the newest checkpoint's data
+    ckpts = ws.workdir / "corrupt" / "long" / "checkpoints"
+    # The newest is the rescue checkpoint rank 1 saved of step 34 after rank 0 crashed.
+    assert sorted(p.name for p in ckpts.glob("step-*"))[-2:] == ["step-00000030", "step-00000034"]
+    for step in (34, 30):  # truncate the two newest checkpoints' data
+        for f in (ckpts / f"step-{step:08d}").rglob("*.distcp"):
+            f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])
     r = ws.cli("submit", str(spec), CAMPAIGN_ALLOW_FAULTS="1")
     assert r.code == 0, r.out + r.err
     view = ledger_view(ws, "corrupt")
-    assert view["attempts"][1]["first_step"] == 21, "resumed from step 20, not the corrupted 30"
+    assert view["attempts"][1]["first_step"] == 21, "resumed from step 20, not the corrupted 34 or 30"
     assert view["stage"] == "passed"
 
 
