@@ -23,7 +23,8 @@ The totals are stored (attempt, stage_run, campaign `goodput` columns) when an a
 and when a stage ends, so `campaign status` reads them without scanning step rows.
 
 The checkpoint interval (Young/Daly) comes from the same records: the observed save stall,
-the site's failure rate per node-second, and the step time (`suggest_interval`).
+the site's failure rate per node-second less the faults a rescue checkpoint covered, and the
+step time (`suggest_interval`).
 """
 
 from __future__ import annotations
@@ -160,7 +161,8 @@ def record_attempt(s: Session, a: Attempt, events: Sequence[dict[str, Any]] = ()
     g = account_attempt(times)
     stalls = _save_stalls(times)
     g.update(saves=len(stalls), save_s=round(statistics.median(stalls), 4) if stalls else None,
-             fault=a.state in FAULTS, nodes=max(len(a.nodes or []), 1))
+             fault=a.state in FAULTS, nodes=max(len(a.nodes or []), 1),
+             rescued=bool(((a.summary or {}).get("rescue") or {}).get("saved")))
     a.goodput = g
     record_stage(s, a.stage_run)
     return g
@@ -245,10 +247,17 @@ class Suggestion:
     mtbf_s: float
     step_s: float
     source: str
+    rescued: tuple[int, int] = (0, 0)
+    """(faults a rescue checkpoint covered, faults) in the site's history."""
+    unrescued_mtbf_s: float | None = None
+    """The MTBF the interval was computed for: of the faults a rescue did not cover."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "interval_s": round(self.interval_s, 2), "save_s": round(self.save_s, 3),
-                "mtbf_s": round(self.mtbf_s, 1), "step_s": round(self.step_s, 4), "source": self.source}
+        out = {"steps": self.steps, "interval_s": round(self.interval_s, 2), "save_s": round(self.save_s, 3),
+               "mtbf_s": round(self.mtbf_s, 1), "step_s": round(self.step_s, 4), "source": self.source}
+        if self.rescued[0]:
+            out.update(rescued=list(self.rescued), unrescued_mtbf_s=round(self.unrescued_mtbf_s or 0.0, 1))
+        return out
 
 
 def suggest_interval(s: Session, c: Campaign, *, nodes: int, mtbf_s: float | None = None) -> Suggestion | None:
@@ -262,8 +271,19 @@ def suggest_interval(s: Session, c: Campaign, *, nodes: int, mtbf_s: float | Non
     mtbf, source = (mtbf_s, "stated mtbf_s") if mtbf_s else (job_mtbf([g for _, g in hist], nodes), "site history")
     if not save or not step or not mtbf:
         return None
-    interval = daly_interval(save, mtbf)
-    return Suggestion(max(1, round(interval / step)), interval, save, mtbf, step, source)
+    faults, rescued = rescue_cover([g for _, g in hist])
+    # What a checkpoint saves is the work a fault would otherwise cost: after a rescued fault
+    # none. So the interval trades the save against the faults no rescue covered, counting at
+    # least one (a history of rescued faults only is no proof that every fault will be).
+    unrescued = mtbf * faults / max(faults - rescued, 1) if faults else mtbf
+    interval = daly_interval(save, unrescued)
+    return Suggestion(max(1, round(interval / step)), interval, save, mtbf, step, source, (rescued, faults), unrescued)
+
+
+def rescue_cover(history: Sequence[dict[str, Any]]) -> tuple[int, int]:
+    """(faults, faults after which a rescue checkpoint was saved) in stored attempt goodput."""
+    faults = [g for g in history if g.get("fault")]
+    return len(faults), sum(1 for g in faults if g.get("rescued"))
 
 
 def site_history(s: Session, site: str) -> list[tuple[int, dict[str, Any]]]:

@@ -45,7 +45,9 @@ def goodput_table(summary: dict[str, Any]) -> Table | None:
         text = goodput_line(g)
         if interval:
             text += (f"; checkpoint every {interval['steps']} steps suggested (Young/Daly: save {interval['save_s']:g} s,"
-                     f" MTBF {fmt_duration(interval['mtbf_s'])} from {interval['source']})")
+                     f" MTBF {fmt_duration(interval['mtbf_s'])} from {interval['source']}"
+                     + (f", {interval['rescued'][0]} of {interval['rescued'][1]} faults rescued: without a rescue "
+                        f"{fmt_duration(interval['unrescued_mtbf_s'])}" if interval.get("rescued") else "") + ")")
         t.add_row(escape(name), escape(text))
     t.add_row("[bold]campaign[/]", escape(goodput_line(summary.get("goodput") or {})))
     return t

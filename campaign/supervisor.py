@@ -441,8 +441,10 @@ def _observe(run_dir: Path, watch: watchdog.Watch, offsets: dict[str, int], now:
     watch.saw_steps(rows, now)
     events, offsets["events"] = report.read_events_from(run_dir, offsets["events"])
     watch.saw_events(events, now)
-    phases = {r.get("phase") for b in report.read_heartbeats(run_dir).values() for r in b.get("ranks", {}).values()}
+    beats = report.read_heartbeats(run_dir)
+    phases = {r.get("phase") for b in beats.values() for r in b.get("ranks", {}).values()}
     watch.saw_phases({p for p in phases if p}, now)
+    watch.saw_compute(beats)
 
 
 def _wait(launch: _Launch, timeout: float) -> None:

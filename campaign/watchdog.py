@@ -5,9 +5,10 @@ for longer than the budget of the phase it is in:
 
     startup      launch until the first step (imports, rendezvous, checkpoint load)
     warmup       the first `warmup_steps` steps: max(steady budget, warmup_s)
-    steady       step_factor x p99 step time + floor_s, or + confirmed_floor_s once the
-                 heartbeats show the stall pattern (one rank still computing step S for
-                 step_factor x p99 while its peers wait in step S's collective)
+    steady       step_factor x p99 step time + floor_s; or, once the heartbeats show the
+                 stall pattern (one rank still computing step S while its peers wait in
+                 step S's collective), step_factor x the slowest rank's compute time per
+                 step (the phase the rank is stuck in) + confirmed_floor_s
     exiting      every rank said "done" (or the deadline passed): exit_s to leave
     checkpoint   checkpoint_factor x the slowest save measured so far (or checkpoint_s)
 
@@ -45,9 +46,10 @@ class WatchdogPolicy(StrictModel):
     keeps detection within 3 step times + 10 s)."""
     confirmed_floor_s: float = Field(default=2.0, gt=0)
     """The floor when the heartbeats already show the stall pattern (a rank still computing
-    step S, for step_factor x p99 step times, while its peers wait in that step's
-    collective): the wider floor waits for evidence that is then already there. Two
-    heartbeat intervals by default. Set it to floor_s to wait the full budget regardless."""
+    step S, for step_factor x the slowest rank's compute time per step, while its peers wait
+    in that step's collective): the wider floor waits for evidence that is then already
+    there. Two heartbeat intervals by default. Set it to floor_s to wait the full budget
+    regardless."""
     checkpoint_s: float = Field(default=300.0, gt=0)
     """Budget of a checkpoint save before one has been measured."""
     checkpoint_factor: float = Field(default=3.0, gt=0)
@@ -99,6 +101,9 @@ class Watch:
     steps_seen: int = 0
     rescue: bool = False
     """The trainer's `start` event said it answers a rescue request (campaign.train.rescue)."""
+    compute_s: float | None = None
+    """The slowest rank's compute time per step (the EMA its heartbeat carries: from the
+    step's start until it joins the gradient collective), once the heartbeats have one."""
 
     def __post_init__(self) -> None:
         self.last_progress = self.started
@@ -124,6 +129,12 @@ class Watch:
             if e.get("event") in ("done", "deadline", "nonfinite_loss"):
                 self.exiting_since = self.exiting_since or now
                 self.final_event = e["event"]
+
+    def saw_compute(self, beats: dict[str, dict[str, Any]]) -> None:
+        times = [float(r["compute_s"]) for b in beats.values() for r in b.get("ranks", {}).values()
+                 if r.get("compute_s") is not None]
+        if times:
+            self.compute_s = max(times)
 
     def saw_phases(self, phases: set[str], now: float) -> None:
         if phases == {"done"}:
@@ -164,7 +175,7 @@ def decide(w: Watch, policy: WatchdogPolicy, now: float, confirmed: bool = False
     if w.last_step == 0:
         return Decision(idle > policy.startup_s, "startup", idle, policy.startup_s)
     floor = min(policy.confirmed_floor_s, policy.floor_s) if confirmed else policy.floor_s
-    budget = policy.step_factor * steady_p99(w, policy) + floor
+    budget = (pattern_s(w, policy) if confirmed else policy.step_factor * steady_p99(w, policy)) + floor
     if w.steps_seen <= policy.warmup_steps:
         return Decision(idle > max(budget, policy.warmup_s), "warmup", idle, max(budget, policy.warmup_s))
     return Decision(idle > budget, "steady", idle, budget, confirmed and floor < policy.floor_s)
@@ -177,14 +188,22 @@ def early_budget(w: Watch, policy: WatchdogPolicy) -> float | None:
         return None
     if w.steps_seen <= policy.warmup_steps or policy.confirmed_floor_s >= policy.floor_s:
         return None
-    return policy.step_factor * steady_p99(w, policy) + policy.confirmed_floor_s
+    return pattern_s(w, policy) + policy.confirmed_floor_s
+
+
+def pattern_s(w: Watch, policy: WatchdogPolicy) -> float:
+    """How long a rank must go on computing a step its peers already wait in to count as
+    stalled: step_factor x the slowest rank's compute time per step (the phase it is stuck
+    in; on a 2.2 s step of which 0.6 s computes, 1.8 s rather than 6.6 s), or x the p99 step
+    time until the heartbeats carry compute times."""
+    p99 = steady_p99(w, policy)
+    return policy.step_factor * (min(w.compute_s, p99) if w.compute_s else p99)
 
 
 def stall_pattern(suspects: list[dict[str, Any]], w: Watch, policy: WatchdogPolicy) -> bool:
     """Whether `culprits()` found a rank computing the step its peers wait in, for at least
-    step_factor x p99 step times: a stall shown by the heartbeats, not just inferred from
-    silence."""
-    least = policy.step_factor * steady_p99(w, policy)
+    `pattern_s`: a stall shown by the heartbeats, not just inferred from silence."""
+    least = pattern_s(w, policy)
     return any(s["evidence"].get("phase") == "compute" and s["evidence"].get("stuck_s", 0) >= least
                for s in suspects)
 

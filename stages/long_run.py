@@ -163,8 +163,10 @@ def checkpoint_every(ctx: StageContext, stage: LongRunStage) -> int:
         ctx.event("checkpoint_interval", f"checkpoint_every auto: {PROVISIONAL_EVERY} steps until a save and "
                   "a step are measured")
         return PROVISIONAL_EVERY
+    rescued = (f", {sug.rescued[0]} of {sug.rescued[1]} faults rescued: {sug.unrescued_mtbf_s:.0f} s without a rescue"
+               if sug.rescued[0] else "")
     ctx.event("checkpoint_interval", f"checkpoint_every auto: {sug.steps} steps (Young/Daly: save {sug.save_s:.2f} s, "
-              f"MTBF {sug.mtbf_s:.0f} s from {sug.source}, step {sug.step_s:.3f} s)", data=sug.as_dict())
+              f"MTBF {sug.mtbf_s:.0f} s from {sug.source}{rescued}, step {sug.step_s:.3f} s)", data=sug.as_dict())
     return sug.steps
 
 

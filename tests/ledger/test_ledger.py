@@ -380,6 +380,42 @@ def test_goodput_after_an_upgrade_from_0002(ledger_url: str) -> None:
         led.close()
 
 
+def test_faults_a_rescue_covered_lengthen_the_suggested_checkpoint_interval(ledger: Ledger) -> None:
+    """Young/Daly trades a save against the work a fault costs; after a rescued fault that is
+    none, so the interval follows the faults no rescue covered (at least one counted)."""
+    _new_campaign(ledger, stages=(("long", "long_run"),))
+
+    def fault(rescue: dict[str, Any] | None) -> None:
+        a_id = _attempt(ledger, stage="long")
+        with ledger.session() as s:
+            a = s.get(Attempt, a_id)
+            writes.set_stage_state(s, a.stage_run, "running")
+            t0 = goodput.epoch(a.started)
+            # the checkpoint after step 2 stops training for 1 s
+            writes.ingest_steps(s, a, [{**r, "time": t0 + 2.0 + 0.5 * r["step"] + (r["step"] > 2)}
+                                       for r in _steps(1, 4)])
+            writes.finish_attempt(s, a, state="crashed_unknown", exit_code=1, suspects=[],
+                                  summary={"rescue": rescue} if rescue else {})
+            a.finished = a.started + dt.timedelta(seconds=100.0)
+            goodput.record_attempt(s, a, [{"event": "checkpoint_saved", "step": 2, "seconds": 1.0}])
+
+    def suggested() -> goodput.Suggestion:
+        with ledger.session() as s:
+            sug = goodput.suggest_interval(s, reads.get_campaign(s, "demo"), nodes=2, mtbf_s=400.0)
+            assert sug is not None
+            return sug
+
+    fault({"saved": False, "why": "no surviving rank outside the suspect nodes"})
+    plain = suggested()
+    assert plain.rescued == (0, 1) and plain.unrescued_mtbf_s == 400.0 and "rescued" not in plain.as_dict()
+    fault({"saved": True, "step": 3, "rank": 0})
+    fault({"saved": True, "step": 3, "rank": 0})
+    sug = suggested()
+    assert sug.rescued == (2, 3) and sug.unrescued_mtbf_s == pytest.approx(1200.0)  # 3 faults, 1 not rescued
+    assert sug.interval_s == pytest.approx(goodput.daly_interval(sug.save_s, 1200.0))
+    assert sug.as_dict()["rescued"] == [2, 3] and sug.steps > plain.steps
+
+
 # --- out-of-date schemas ---------------------------------------------------------------
 
 def test_ledger_stamped_to_base_is_refused(ledger: Ledger, ledger_url: str) -> None:

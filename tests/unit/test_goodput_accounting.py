@@ -122,3 +122,22 @@ def test_checkpoint_every_is_steps_or_auto() -> None:
         with pytest.raises(ValidationError, match="must be a number of steps >= 1, or auto") as info:
             LongRunStage(steps=10, checkpoint_every=bad)
         assert info.value.error_count() == 1
+
+
+def test_status_says_how_many_faults_a_rescue_covered_when_it_suggests_an_interval() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from campaign.goodput_views import goodput_table
+
+    g = {"wall_s": 100.0, "productive_s": 90.0, "ettr": 0.9,
+         "lost": {"startup_s": 10.0, "checkpoint_stall_s": 0.0, "recomputed_s": 0.0, "detection_s": 0.0,
+                  "restart_s": 0.0, "other_s": 0.0}}
+    interval = {"steps": 200, "interval_s": 100.0, "save_s": 1.5, "mtbf_s": 400.0, "step_s": 0.5,
+                "source": "site history", "rescued": [2, 3], "unrescued_mtbf_s": 1200.0}
+    out = StringIO()
+    Console(file=out, width=240, color_system=None).print(
+        goodput_table({"stages": [{"name": "long", "goodput": g, "checkpoint_interval": interval}], "goodput": g}))
+    assert ("checkpoint every 200 steps suggested (Young/Daly: save 1.5 s, MTBF 6m40s from site history, "
+            "2 of 3 faults rescued: without a rescue 20m00s)") in out.getvalue()

@@ -130,3 +130,28 @@ def test_the_stall_pattern_shortens_the_steady_floor_and_only_then() -> None:
     assert early_budget(w, policy) is None
     assert early_budget(Watch(started=0.0), policy) is None
     assert early_budget(steady(), policy.model_copy(update={"confirmed_floor_s": 10.0})) is None
+
+
+def test_the_stall_pattern_budget_follows_the_slowest_ranks_compute_time() -> None:
+    """A 2 s step of which the slowest rank computes 0.5 s (the rest is the gradient
+    collective): a rank still computing after 3 x 0.5 s while its peers wait is stalled,
+    without waiting 3 x 2 s."""
+    policy = POLICY.model_copy(update={"confirmed_floor_s": 2.0})
+    w = steady(step_s=2.0)
+    assert early_budget(w, policy) == 8.0  # no compute times yet: 3 x 2 + 2
+    w.saw_compute({"n0": beat("n0", 0.0, {0: (20, "compute", 0.0)}),
+                   "n1": {"ranks": {"1": {"compute_s": 0.5}, "2": {"compute_s": 0.3}}}})
+    assert w.compute_s == 0.5
+    assert early_budget(w, policy) == 3.5
+    d = decide(w, policy, 3.6, confirmed=True)
+    assert d.stalled and d.budget_s == 3.5 and "heartbeats show who hangs" in d.reason
+    assert not decide(w, policy, 3.6).stalled, "without the pattern the full budget applies"
+    waiting = beat("n0", 3.6, {0: (21, "collective", 2.0)})
+    stuck = {"n0": waiting, "n1": beat("n1", 3.6, {1: (21, "compute", 2.0)})}  # computing for 1.6 s
+    assert stall_pattern(culprits(stuck, ["n0", "n1"], 3.6, policy), w, policy)
+    slow = {"n0": waiting, "n1": beat("n1", 3.6, {1: (21, "compute", 2.2)})}  # 1.4 s: a slow step
+    assert not stall_pattern(culprits(slow, ["n0", "n1"], 3.6, policy), w, policy)
+    # A node that always computes longer (a straggler) raises the bar for everyone.
+    w.saw_compute({"n1": {"ranks": {"1": {"compute_s": 1.5}}}})
+    assert early_budget(w, policy) == 6.5
+    assert not stall_pattern(culprits(stuck, ["n0", "n1"], 3.6, policy), w, policy)
