@@ -11,7 +11,8 @@ contract (docs/trainer-contract.md; writers and readers in campaign.report). Mod
 - checkpoint.py   DCP checkpoints with meta.json and .complete; resume with fallback
 - loop.py         build and the training loop
 - faults.py       fault injection for tests and drills
-- signals.py      SIGTERM -> exit 143 at the next step boundary, never hang
+- signals.py      SIGTERM -> exit 143 at the next step boundary, never hang; SIGUSR1 -> rescue
+- rescue.py       after a peer's crash or hang, one DDP replica saves the last finished step
 - flops.py        MFU
 
 This package's __init__ imports nothing heavy: `import campaign.train` does not import torch.

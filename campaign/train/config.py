@@ -187,7 +187,7 @@ class TrainConfig(_Strict):
     launch is stopped, so the relaunch recomputes nothing (`campaign.train.rescue`; the
     built-in trainer under DDP on the CPU, in stages that resume). `auto`: with the `local`
     launcher, which leaves survivors running and delivers SIGUSR1 to every rank; true: any
-    launcher (yours must do the same)."""
+    launcher that does the same (MPICH's Hydra mpiexec does; PALS and srun are not checked)."""
 
     @model_validator(mode="after")
     def _own_trainer(self) -> TrainConfig:
