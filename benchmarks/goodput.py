@@ -9,15 +9,20 @@ on a random rank, half hangs and half crashes (exit 1, no evidence). Faults are 
 attempt they hit (fault k fires in attempt k), so both runs meet the same faults at the same
 steps. Run in one invocation, each with its own ledger (`--policies` picks which):
 
-- **ours**: the long run's defaults (stall budget 3 x p99 step + 9 s from step progress, or
-  + 2 s when the heartbeats show one rank computing while its peers wait; culprits named
-  and excluded, crashes judged by evidence, spares; ranks started warm from the node's fork
-  server, `trainer.warm_start: auto`);
+- **ours**: the long run's defaults: stall budget 3 x p99 step + 9 s from step progress, or
+  3 x the slowest rank's compute time + 2 s when the heartbeats show one rank computing
+  while its peers wait; culprits named and excluded, crashes judged by evidence, spares;
+  ranks started warm from the node's fork server (`trainer.warm_start: auto`); after a
+  crash or a hang one surviving replica saves the last finished step, so the relaunch
+  recomputes nothing (`trainer.rescue: auto`);
 - **ours cold**: the same with `warm_start: false`, so the warm start's share is measured in
   the same invocation;
+- **no rescue**: ours with `rescue: false`, so the rescue's share is measured likewise (not
+  run by default: `--policies ours,no rescue,baseline`);
 - **baseline**, configured as ezpz's: an output-silence timeout scaled to the step time the
   same way (the same 3 x p99 + 9 s on step output), blind retry on the same nodes (no
-  culprit naming, no exclusion, no bisection drill), every launch a cold interpreter.
+  culprit naming, no exclusion, no bisection drill, no rescue), every launch a cold
+  interpreter.
 
 Both checkpoint every `--checkpoint-every` steps (default: Young/Daly for the schedule's
 MTBF and the measured save stall, `campaign.goodput.daly_interval`). ETTR and where the rest
@@ -156,7 +161,8 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=2, help="active virtual nodes, one rank each (1 on one GPU)")
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--policies", default="ours,ours cold,baseline",
-                    help="which runs, comma-separated (default: all three; the first and the last are compared)")
+                    help="which runs, comma-separated, of: ours, ours cold, no rescue, baseline (default: ours, "
+                         "ours cold, baseline; the first and the last are compared)")
     args = ap.parse_args()
     wanted = [w.strip() for w in args.policies.split(",") if w.strip()]
     known = [p[0] for p in POLICIES]
@@ -197,6 +203,8 @@ def main() -> None:
     line = f"ETTR {first} {ettr[first]:.3f} / {last} {ettr[last]:.3f} = {ettr[first] / ettr[last] if ettr[last] else float('inf'):.2f}x"
     if "ours" in ettr and "ours cold" in ettr and ettr["ours cold"]:
         line += f"  (ours cold {ettr['ours cold']:.3f}: warm start {ettr['ours'] / ettr['ours cold']:.2f}x)"
+    if "ours" in ettr and "no rescue" in ettr and ettr["no rescue"]:
+        line += f"  (no rescue {ettr['no rescue']:.3f}: rescue {ettr['ours'] / ettr['no rescue']:.2f}x)"
     print(line)
 
 

@@ -255,7 +255,11 @@ def _start(request: AttemptRequest, hosts: list[str]) -> tuple[_Launch, list[str
 
     run_dir = Path(request.run_dir)
     plan = request.launch_plan(hosts)
-    base_env = {**os.environ, **warm.launch_environment(), **dict(plan.env)}
+    # Behind one launcher process the supervisor learns of a crashed rank only once every rank
+    # has exited: a survivor that lingered for a rescue request would wait in vain (hangs are
+    # still rescued: the launcher forwards SIGUSR1).
+    linger = {} if request.launcher == "local" else {"CAMPAIGN_RESCUE_LINGER_S": "0"}
+    base_env = {**os.environ, **linger, **warm.launch_environment(), **dict(plan.env)}
     if request.launcher == "local":
         procs = []
         for rank, (rank_argv, env) in enumerate(launchers.local_rank_processes(plan)):

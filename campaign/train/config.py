@@ -185,7 +185,7 @@ class TrainConfig(_Strict):
     rescue: bool | Literal["auto"] = "auto"
     """After a crash or a hang, one surviving replica saves the last finished step before the
     launch is stopped, so the relaunch recomputes nothing (`campaign.train.rescue`; the
-    built-in trainer under DDP on the CPU, in stages that resume). `auto`: with the `local`
+    built-in trainer under DDP, on the CPU or CUDA, in stages that resume). `auto`: with the `local`
     launcher, which leaves survivors running and delivers SIGUSR1 to every rank; true: any
     launcher that does the same (MPICH's Hydra mpiexec does; PALS and srun are not checked)."""
 
@@ -264,7 +264,7 @@ class RunConfig(_Strict):
     """Attempt number within the stage (faults may target one)."""
     rescue: bool = False
     """Answer the supervisor's rescue request (SIGUSR1) after a fault: one surviving replica
-    saves the last finished step (campaign.train.rescue; DDP on the CPU only)."""
+    saves the last finished step (campaign.train.rescue; DDP, on the CPU or CUDA)."""
 
 
 class TrainerConfig(_Strict):

@@ -21,9 +21,14 @@ et al., EuroSys 2024). The flow:
 5. The supervisor waits for `rescue.json` (bounded), then stops the launch as before; the
    relaunch resumes from the newest complete checkpoint, now the rescued one.
 
-Only where the state is replicated and updated synchronously: DDP, more than one rank, on
-the CPU (on an accelerator the optimizer's kernels are queued before the host learns that
-a collective failed, so the host cannot tell whether the state on the device was updated).
+Only where every rank holds the whole state: DDP, more than one rank, on the CPU or CUDA.
+On CUDA the host queues the optimizer's kernels before it learns that a collective never
+finished, so "the state holds step S" is kept on the device: `updating` records an event
+on the compute stream just before the optimizer's kernels. While that event has not
+completed, nothing queued after it has run, and the parameters and optimizer state in
+device memory are still those of the step the loop last finished (it synchronizes after
+every step). The save copies them on a stream of its own (the compute stream is stuck
+behind the hung collective) and is kept only if the event is still pending afterwards.
 This module imports torch only to save, so the supervisor can read its file names.
 """
 
@@ -47,8 +52,9 @@ DEFAULT_LINGER_S = 20.0
 
 
 def supported(*, wrapper: str, world_size: int, device: Any) -> bool:
-    """Whether this run's state is replicated on every rank and updated synchronously."""
-    return wrapper == "ddp" and world_size > 1 and device.type == "cpu"
+    """Whether every rank holds the whole state (DDP), where a save can tell whether it is
+    the state of a finished step (CPU: updated synchronously; CUDA: the event guard)."""
+    return wrapper == "ddp" and world_size > 1 and device.type in ("cpu", "cuda")
 
 
 def peer_lost(exc: BaseException) -> bool:
@@ -62,7 +68,7 @@ def peer_lost(exc: BaseException) -> bool:
 
 
 class NoRescue:
-    """The null rescue: the run cannot (FSDP, one rank, an accelerator) or was not asked to."""
+    """The null rescue: the run cannot (FSDP, one rank, XPU) or was not asked to."""
 
     enabled = False
 
@@ -82,13 +88,14 @@ class Rescue:
     enabled = True
 
     def __init__(self, *, run_dir: str, checkpoint_dir: str, rank: int, world_size: int,
-                 keep_last: int, state: Any) -> None:
+                 keep_last: int, state: Any, cuda: bool = False) -> None:
         self.run_dir, self.root = Path(run_dir), Path(checkpoint_dir)
         self.rank, self.world_size, self.keep_last = rank, world_size, keep_last
-        self._state = state
+        self._state, self._cuda = state, cuda
         self._lock = threading.Lock()
         self._held: tuple[int, int, int] | None = None  # (step, tokens, data_position) the state holds
         self._version = 0  # bumped whenever the optimizer starts changing the state
+        self._update: Any = None  # CUDA: the event recorded just before the optimizer's kernels
         self._asked = threading.Event()
         self._finished = threading.Event()
 
@@ -97,12 +104,21 @@ class Rescue:
         """The state now holds the end of `step` (the device finished it)."""
         with self._lock:
             self._held = (step, tokens, data_position)
+            self._update = None
 
     def updating(self) -> None:
-        """The optimizer is about to change the state: no save until the next `mark`."""
+        """The optimizer is about to change the state. CPU: no save until the next `mark`.
+        CUDA: the state on the device holds the last step until the event recorded here
+        (before the optimizer's kernels are queued) completes."""
         with self._lock:
-            self._held = None
             self._version += 1
+            if self._cuda:
+                import torch
+
+                self._update = torch.cuda.Event()
+                self._update.record()
+            else:
+                self._held = None
 
     def linger(self) -> None:
         """After a failed collective: wait for the supervisor's request (and, if this rank
@@ -142,8 +158,8 @@ class Rescue:
     def _save(self) -> dict[str, Any]:
         t0 = time.perf_counter()
         with self._lock:
-            held, version = self._held, self._version
-        if held is None:
+            held, version, update = self._held, self._version, self._update
+        if held is None or (update is not None and update.query()):
             return {"saved": False, "why": "the state was being updated (mid optimizer step)"}
         step, tokens, position = held
         newest = [c["step"] for c in report.list_checkpoints(self.root) if c["complete"]]
@@ -153,9 +169,9 @@ class Rescue:
         tmp = self.root / f".rescue-{report.checkpoint_name(step)}-rank-{self.rank}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        write_replica(tmp, *self._state(), world_size=self.world_size)
-        with self._lock:
-            moved = self._version != version
+        write_replica(tmp, *self._state(), world_size=self.world_size, cuda=self._cuda)
+        with self._lock:  # the optimizer began (host: a new version; device: its event passed)
+            moved = self._version != version or (update is not None and update.query())
         if moved:
             shutil.rmtree(tmp, ignore_errors=True)
             return {"saved": False, "step": step, "why": "the optimizer ran during the save: discarded"}
@@ -170,10 +186,12 @@ class Rescue:
                 "seconds": round(time.perf_counter() - t0, 3)}
 
 
-def write_replica(path: Path, model, optim, sched, *, world_size: int) -> None:
+def write_replica(path: Path, model, optim, sched, *, world_size: int, cuda: bool = False) -> None:
     """This rank's replica as a checkpoint any world size loads: DCP shards written by one
     process (no collective), and the same RNG and scheduler state for every rank (DDP ranks
-    share the seed and step in lockstep)."""
+    share the seed and step in lockstep). On CUDA the state is first copied to host memory
+    on a stream of this thread's own: the compute stream may be stuck behind a collective."""
+    import contextlib
     import warnings
 
     import torch
@@ -183,11 +201,33 @@ def write_replica(path: Path, model, optim, sched, *, world_size: int) -> None:
 
     from campaign.train.checkpoint import _rng_state, _torch_bytes
 
-    msd, osd = get_state_dict(model, optim)
+    # The model's device, not this thread's current one (CUDA's current device is per thread).
+    device = next(model.parameters()).device
+    side = torch.cuda.Stream(device=device) if cuda else None
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        msd, osd = get_state_dict(model, optim)
+        state = _to_host({"model": msd, "optim": osd})
+    if side is not None:
+        side.synchronize()
     with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
-        dcp.save({"model": msd, "optim": osd}, storage_writer=FileSystemWriter(path, sync_files=True),
-                 no_dist=True)
-    buf = _torch_bytes({"rng": _rng_state(torch.device("cpu")), "scheduler": sched.state_dict()})
+        dcp.save(state, storage_writer=FileSystemWriter(path, sync_files=True), no_dist=True)
+    rng = _rng_state(torch.device("cpu"))  # the CUDA generator's state is a host-side seed and offset
+    if cuda:
+        rng["cuda"] = torch.cuda.get_rng_state(device)
+    buf = _torch_bytes({"rng": rng, "scheduler": sched.state_dict()})
     for r in range(world_size):
         report.write_durable(path / f"rank-{r:05d}.pt", buf)
+
+
+def _to_host(obj: Any) -> Any:
+    """`obj` with every tensor copied to host memory (on the current stream)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu")
+    if isinstance(obj, dict):
+        return {k: _to_host(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_host(v) for v in obj)
+    return obj

@@ -49,8 +49,9 @@ E2E = {"  worker_init: module load frameworks; source /lus/flare/projects/campai
        "  launcher: mpich\n  ranks_per_node: 1\n  env: {OMP_NUM_THREADS: '1'}\n"}
 
 
-def _campaign(tmp_path: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CAMPAIGN_WORKDIR": str(tmp_path / "wd")}
+def _campaign(tmp_path: Path, *args: str, timeout: float = 240,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CAMPAIGN_WORKDIR": str(tmp_path / "wd"), **(env or {})}
     env.pop("CAMPAIGN_DB_URL", None)
     return subprocess.run([sys.executable, "-m", "campaign.cli", *args], capture_output=True, text=True,
                           cwd=tmp_path, env=env, timeout=timeout)
@@ -135,3 +136,32 @@ def _job_ids(pbs_emulator) -> list[str]:
     out = subprocess.run([os.path.join(pbs_emulator.bin_dir, "qstat"), "-x", "-f", "-F", "json"],
                          capture_output=True, text=True, timeout=30, check=True).stdout
     return list(json.loads(out).get("Jobs", {}))
+
+
+def test_a_hang_behind_mpiexec_is_rescued_through_the_launcher(pbs_emulator, tmp_path):
+    """`trainer.rescue: true` with MPICH's mpiexec, one launcher process for all ranks (Hydra
+    forwards SIGUSR1 to them): rank 1 hangs at step 12; rank 0, blocked in the collective,
+    saves step 11 from its signal thread; the relaunch on the spare starts at step 12."""
+    text = SPEC
+    for old, new in E2E.items():
+        text = text.replace(old, new.replace("OMP_NUM_THREADS: '1'", "OMP_NUM_THREADS: '1', CAMPAIGN_ALLOW_FAULTS: '1'"))
+    text = text.replace("  micro_batch_size: 4\n", "  micro_batch_size: 4\n  rescue: true\n")
+    text = text.split("stages:\n")[0] + (
+        "stages:\n  - name: long\n    kind: long_run\n    steps: 20\n    checkpoint_every: 5\n    max_attempts: 2\n"
+        "    backoff_s: 0\n    timeout_s: 200\n"
+        "    watchdog: {startup_s: 120, floor_s: 4, heartbeat_stale_s: 5}\n"
+        "    faults: [{kind: hang, step: 12, rank: 1, attempt: 1}]\n")
+    spec = tmp_path / "aurora.yaml"
+    spec.write_text(text)
+    proc = _campaign(tmp_path, "submit", str(spec), env={"CAMPAIGN_ALLOW_FAULTS": "1"})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+    stage = tmp_path / "wd" / "aurora-emu" / "long"
+    first = json.loads((stage / "attempt-001" / "supervisor.json").read_text())
+    assert first["launch_command"][:3] == ["mpiexec", "-launcher", "fork"]
+    assert first["exit_class"] == "stalled" and first["suspects"][0]["node"] == "x4000c0s1b0n0", first
+    assert first["rescue"]["saved"] and first["rescue"]["step"] == 11 and first["rescue"]["rank"] == 0, first
+    second = json.loads((stage / "attempt-002" / "supervisor.json").read_text())
+    assert second["exit_class"] == "succeeded" and "x4000c0s1b0n0" not in second["nodes"], second
+    events = [json.loads(ln) for ln in (stage / "attempt-002" / "events.jsonl").read_text().splitlines()]
+    assert ("checkpoint_loaded", 11) in [(e["event"], e["step"]) for e in events]
