@@ -197,7 +197,6 @@ def write_replica(path: Path, model, optim, sched, *, world_size: int, cuda: boo
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
-    from torch.distributed.checkpoint.state_dict import get_state_dict
 
     from campaign.train.checkpoint import _rng_state, _torch_bytes
 
@@ -205,8 +204,7 @@ def write_replica(path: Path, model, optim, sched, *, world_size: int, cuda: boo
     device = next(model.parameters()).device
     side = torch.cuda.Stream(device=device) if cuda else None
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-        msd, osd = get_state_dict(model, optim)
-        state = _to_host({"model": msd, "optim": osd})
+        state = _to_host(replica_state(model, optim))
     if side is not None:
         side.synchronize()
     with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
@@ -218,6 +216,24 @@ def write_replica(path: Path, model, optim, sched, *, world_size: int, cuda: boo
     buf = _torch_bytes({"rng": rng, "scheduler": sched.state_dict()})
     for r in range(world_size):
         report.write_durable(path / f"rank-{r:05d}.pt", buf)
+
+
+def replica_state(model, optim) -> dict[str, Any]:
+    """{"model", "optim"} in the layout of DCP's `get_state_dict` (the periodic checkpoints'
+    and the loader's: names without DDP's leading `module.` nor compile's `_orig_mod.`,
+    optimizer state and groups by name), built from references alone. `get_state_dict` itself
+    waits for the device: on an H200 it returned only once a stuck compute stream had moved on."""
+
+    def fqn(name: str) -> str:
+        parts = [p for p in name.split(".") if p != "_orig_mod"]
+        return ".".join(parts[1:] if parts[:1] == ["module"] else parts)
+
+    names = {p: fqn(n) for n, p in model.named_parameters()}
+    msd = {fqn(k): v for k, v in model.state_dict().items()}
+    state = {names[p]: dict(optim.state[p]) for g in optim.param_groups for p in g["params"] if p in optim.state}
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[p] for p in g["params"]]}
+              for g in optim.param_groups]
+    return {"model": msd, "optim": {"state": state, "param_groups": groups}}
 
 
 def _to_host(obj: Any) -> Any:

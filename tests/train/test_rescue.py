@@ -167,3 +167,39 @@ def test_a_save_is_refused_mid_update_and_discarded_if_the_optimizer_ran_meanwhi
     got = answer(res)
     assert not got["saved"] and "discarded" in got["why"]
     assert not ck.exists() or not any(ck.iterdir()), "nothing left that a resume could pick up"
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit's, raised while torch.compile imports
+def test_the_replica_state_has_the_layout_the_loader_expects(tmp_path) -> None:
+    """What a rescue writes is read back by `checkpoint.load_latest`, which asks DCP's
+    get_state_dict for names: the rescue builds the same dict itself (get_state_dict waits
+    for the device), for a compiled model under DDP as the trainer builds it."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from train_helpers import free_port
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        inner = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+        inner.register_buffer("table", torch.arange(3.0))
+        model = torch.nn.parallel.DistributedDataParallel(torch.compile(inner))
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        optim = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                                   {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}])
+        model(torch.ones(2, 4)).sum().backward()
+        optim.step()
+        msd, osd = get_state_dict(model, optim)
+        got = rescue.replica_state(model, optim)
+    finally:
+        dist.destroy_process_group()
+    assert list(got["model"]) == list(msd) == ["table", "0.weight", "0.bias", "1.weight", "1.bias"]
+    assert all(got["model"][k] is msd[k] or torch.equal(got["model"][k], msd[k]) for k in msd)
+    assert got["optim"]["param_groups"] == osd["param_groups"]
+    assert list(got["optim"]["state"]) == list(osd["state"])
+    for name, st in osd["state"].items():
+        assert {k: v.tolist() for k, v in got["optim"]["state"][name].items()} == {k: v.tolist() for k, v in st.items()}
