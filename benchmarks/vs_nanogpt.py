@@ -30,6 +30,12 @@ time over the timed steps (after `--warmup` untimed ones, which include compilat
 tokens/s from it, and the ratio campaign / nanogpt: on wall time between steps for both sides
 (the like-for-like figure), and on the trainer's own `step_time_s`. `--repeat N` alternates
 the order.
+
+`--profile N` runs N more steps on each side after the timed ones under torch.profiler (the
+campaign side through a hook on its metrics rows, in the same process) and prints, per side
+and step, the wall time, the device's kernel time by kind (GEMM, attention, Triton, other)
+and its idle time, then the kernels that take the most; `--profile-dir DIR` also keeps each
+side's kernel table and Chrome trace there. The timed figures leave these steps out.
 """
 
 from __future__ import annotations
@@ -64,7 +70,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=10, help="untimed steps first (compilation)")
     p.add_argument("--repeat", type=int, default=1, help="run both sides this many times, order alternating")
     p.add_argument("--rehearsal", action="store_true", help="CPU, tiny shape, fp32, no compile")
-    p.add_argument("--side", choices=["nanogpt"], help=argparse.SUPPRESS)  # the worker process
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after the timed steps, profile N more steps on each side")
+    p.add_argument("--profile-dir", type=Path, help="keep each side's kernel table and trace here")
+    p.add_argument("--side", choices=["nanogpt", "campaign-profiled"], help=argparse.SUPPRESS)  # workers
+    p.add_argument("--config", help=argparse.SUPPRESS)
     p.add_argument("--tokens", type=Path, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -118,7 +128,20 @@ def nanogpt_worker(args: argparse.Namespace) -> None:
             times.append(t1 - t0)
         t0 = t1
     mem = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
-    print(json.dumps({"step_s": times, "mem_gib": mem}))
+    prof = None
+    if args.profile:
+        with profiler(args, "nanogpt") as got:
+            for _ in range(args.profile):
+                with ctx:
+                    _, loss = model(x, y)
+                x, y = get_batch()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optim.step()
+                optim.zero_grad(set_to_none=True)
+                loss.item()
+        prof = got["summary"]
+    print(json.dumps({"step_s": times, "mem_gib": mem, "profile": prof}))
 
 
 def run_nanogpt(args: argparse.Namespace, shape: str, tokens: Path) -> dict:
@@ -126,6 +149,8 @@ def run_nanogpt(args: argparse.Namespace, shape: str, tokens: Path) -> dict:
            "--tokens", str(tokens), "--steps", str(args.steps), "--warmup", str(args.warmup)]
     cmd += ["--batch", str(args.batch)] if args.batch else []
     cmd += ["--rehearsal"] if args.rehearsal else []
+    cmd += ["--profile", str(args.profile)] if args.profile else []
+    cmd += ["--profile-dir", str(args.profile_dir)] if args.profile_dir else []
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode:
         sys.exit(f"nanogpt side failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
@@ -146,21 +171,118 @@ def run_campaign(args: argparse.Namespace, shape: str, tokens: Path, tmp: Path) 
                   "precision": "fp32" if args.rehearsal else "bf16", "deterministic": False,
                   "lr": 6e-4, "warmup_steps": 0, "weight_decay": 0.1, "max_grad_norm": 1.0,
                   "device": "cpu" if args.rehearsal else "auto", "checkpoint_every": 0, "log_every": 1},
-        "run": {"max_steps": args.warmup + args.steps, "checkpoint_dir": str(run / "ckpt"),
+        "run": {"max_steps": args.warmup + args.steps + args.profile, "checkpoint_dir": str(run / "ckpt"),
                 "checkpoint_final": False, "resume": False},
     }
     (run / "trainer.json").write_text(json.dumps(cfg))
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "CAMPAIGN_RUN_DIR": str(run), "PYTHONPATH": path}
-    p = subprocess.run([sys.executable, "-m", "campaign.train", "--config", str(run / "trainer.json")],
-                       env=env, capture_output=True, text=True)
+    cmd = [sys.executable, "-m", "campaign.train", "--config", str(run / "trainer.json")]
+    if args.profile:  # the same trainer, its rows after the timed ones profiled
+        env["VS_NANOGPT_PROFILE"] = json.dumps({"after": args.warmup + args.steps, "steps": args.profile,
+                                                "dir": str(args.profile_dir or ""), "out": str(run / "profile.json")})
+        cmd = [sys.executable, __file__, "--side", "campaign-profiled", "--nanogpt", str(args.nanogpt),
+               "--config", str(run / "trainer.json")]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if p.returncode:
         sys.exit(f"campaign side failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r.get("step", 0) <= args.warmup + args.steps]
     wall = [b["time"] - a["time"] for a, b in zip(rows, rows[1:])
             if b.get("step", 0) > args.warmup and b["step"] == a["step"] + 1]
     rows = [r for r in rows if r.get("step", 0) > args.warmup]
-    return {"step_s": [r["step_time_s"] for r in rows], "wall_s": wall, "mem_gib": rows[-1].get("mem_peak_gib")}
+    prof = json.loads((run / "profile.json").read_text()) if args.profile else None
+    return {"step_s": [r["step_time_s"] for r in rows], "wall_s": wall, "mem_gib": rows[-1].get("mem_peak_gib"),
+            "profile": prof}
+
+
+def campaign_profiled(config: str) -> None:
+    """`python -m campaign.train --config FILE`, with torch.profiler over the steps after the
+    timed ones: started when the row of step `after` is written, stopped at `after + steps`."""
+    import runpy
+
+    from campaign import report
+
+    opts = json.loads(os.environ["VS_NANOGPT_PROFILE"])
+    args = argparse.Namespace(profile=opts["steps"], profile_dir=Path(opts["dir"]) if opts["dir"] else None)
+    state: dict = {}
+    row = report.Reporter.step
+
+    def step(self, *, step: int, **kw) -> None:
+        row(self, step=step, **kw)
+        if step == opts["after"]:
+            state["cm"] = profiler(args, "campaign")
+            state["got"] = state["cm"].__enter__()
+        elif step == opts["after"] + opts["steps"] and "cm" in state:
+            state["cm"].__exit__(None, None, None)
+            Path(opts["out"]).write_text(json.dumps(state["got"]["summary"]))
+
+    report.Reporter.step = step
+    sys.argv = ["campaign.train", "--config", config]
+    runpy.run_module("campaign.train", run_name="__main__")
+
+
+class profiler:
+    """torch.profiler over the steps run inside; on exit, got["summary"]: per step, wall ms,
+    kernel ms by kind, idle ms, and the top kernels. Prints the kernel table to stderr and,
+    with --profile-dir, keeps it and the Chrome trace there."""
+
+    KINDS = (("gemm", ("gemm", "nvjet", "cutlass", "xmma", "cublas")),
+             ("attention", ("flash", "fmha", "cudnn", "attention", "sdpa")),
+             ("triton", ("triton",)))
+
+    def __init__(self, args: argparse.Namespace, side: str) -> None:
+        self.n, self.dir, self.side = args.profile, args.profile_dir, side
+        self.got: dict = {}
+
+    def __enter__(self) -> dict:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        self.cuda = torch.cuda.is_available()  # else (--rehearsal) host time stands in for kernels
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else []))
+        self.prof.__enter__()
+        self.t0 = time.perf_counter()
+        return self.got
+
+    def __exit__(self, *exc) -> None:
+        import torch
+        from torch.autograd import DeviceType
+
+        if self.cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - self.t0
+        self.prof.__exit__(*exc)
+        kind = DeviceType.CUDA if self.cuda else DeviceType.CPU
+        # Device work only: a user annotation's range on the device (the optimizer step's) is
+        # no kernel, and counting it would count its kernels twice.
+        kernels = [e for e in self.prof.key_averages()
+                   if e.device_type == kind and not getattr(e, "is_user_annotation", False)]
+        kinds = {k: 0.0 for k, _ in self.KINDS} | {"other": 0.0}
+        for e in kernels:
+            name = e.key.lower()
+            kind = next((k for k, words in self.KINDS if any(w in name for w in words)), "other")
+            kinds[kind] += self._self_ms(e)
+        busy = sum(kinds.values())
+        top = sorted(kernels, key=self._self_ms, reverse=True)[:40]
+        self.got["summary"] = {
+            "steps": self.n, "wall_ms": 1000 * wall / self.n, "kernel_ms": busy,
+            "idle_ms": 1000 * wall / self.n - busy, "by_kind_ms": kinds,
+            "top": [[e.key[:120], e.count // self.n, self._self_ms(e)] for e in top]}
+        table = self.prof.key_averages().table(sort_by="self_device_time_total" if self.cuda else "self_cpu_time_total",
+                                               row_limit=60,
+                                               max_name_column_width=110)
+        print(table, file=sys.stderr)
+        if self.dir:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            (self.dir / f"{self.side}-kernels.txt").write_text(table)
+            self.prof.export_chrome_trace(str(self.dir / f"{self.side}-trace.json"))
+
+    def _self_ms(self, e) -> float:
+        """Per step."""
+        return (e.self_device_time_total if self.cuda else e.self_cpu_time_total) / 1000 / self.n
 
 
 # --- the comparison --------------------------------------------------------------------------
@@ -173,11 +295,13 @@ def summarise(name: str, shape: str, batch: int, out: dict) -> dict:
     wall = statistics.median(out.get("wall_s") or out["step_s"])
     return {"side": name, "shape": shape, "batch": batch, "step_ms": 1000 * step, "wall_ms": 1000 * wall,
             "tokens_per_s": batch * seq / wall, "own_tokens_per_s": batch * seq / step,
-            "mem_gib": out["mem_gib"]}
+            "mem_gib": out["mem_gib"], "profile": out.get("profile")}
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
+    if args.side == "campaign-profiled":
+        return campaign_profiled(args.config)
     if args.side:
         return nanogpt_worker(args)
     if not (args.nanogpt / "model.py").is_file():
@@ -215,6 +339,14 @@ def main(argv: list[str] | None = None) -> None:
         mem = f"{r['mem_gib']:>10.1f}" if r["mem_gib"] is not None else f"{'-':>10}"
         print(f"{r['shape']:<11}{r['side']:<10}{r['batch']:>6}{r['wall_ms']:>10.2f}{r['tokens_per_s']:>12,.0f}"
               f"{r['step_ms']:>14.2f}{r['own_tokens_per_s']:>12,.0f}{mem}")
+    for r in rows:
+        if r.get("profile"):
+            pr = r["profile"]
+            kinds = ", ".join(f"{k} {v:.2f}" for k, v in pr["by_kind_ms"].items())
+            print(f"# profile {r['shape']} {r['side']} ({pr['steps']} steps, profiler on): wall {pr['wall_ms']:.2f} ms/step, "
+                  f"kernels {pr['kernel_ms']:.2f} ({kinds}), idle {pr['idle_ms']:.2f}")
+            for name, count, ms in pr["top"][:25]:
+                print(f"#   {ms:8.3f} ms {count:4d}x  {name}")
     for shape, ratio, own in ratios:
         print(f"ratio campaign/nanogpt at {shape}: {ratio:.3f}x tokens/s (wall between steps); "
               f"{own:.3f}x on the trainer's own step_time_s")

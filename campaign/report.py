@@ -190,10 +190,18 @@ class _SlotCache:
 _SLOT_CACHE = _SlotCache()
 
 
-def _append_line(path: Path, obj: dict[str, Any]) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(obj) + "\n")
-        f.flush()
+def _open_append(path: str | os.PathLike[str]) -> int:
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+
+def _write_whole(fd: int, data: bytes) -> None:
+    """Append `data` (whole lines) to `fd` (opened O_APPEND) in one os.write, so a process
+    killed between rows leaves only whole lines, and concurrent writers (the checkpoint
+    thread's events) never interleave within a line. Readers take only complete lines
+    (`_complete_lines`). A short write (a full disk) is finished in further writes."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def remove_node_local(run_dir: str | os.PathLike[str], node: str, attempt: str) -> None:
@@ -231,6 +239,11 @@ class Reporter:
         self.node, self.interval = node, interval
         self.slot = slot
         self._slot_fd: int | None = None
+        self._fds: dict[str, int] = {}
+        """metrics.jsonl and events.jsonl (rank 0), opened O_APPEND at their first line and
+        kept open until `close()`: no open and close per step (on a shared filesystem each is a
+        metadata-server operation)."""
+        self._fds_lock = threading.Lock()
         self.local_dir = _node_local_dir(str(run_dir), node, attempt)
         self.local_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / HEARTBEAT_DIR).mkdir(parents=True, exist_ok=True)
@@ -283,13 +296,22 @@ class Reporter:
             row = {"step": step, "tokens": tokens, "loss": loss, "step_time_s": step_time_s}
             row.update(extra)
             row.setdefault("time", time.time())
-            _append_line(self.run_dir / METRICS_FILE, row)
+            self._append(METRICS_FILE, row)
 
     def event(self, name: str, step: int, **extra: Any) -> None:
         """Append an event (rank 0 only; other ranks ignore the call)."""
         if self.rank == 0:
-            _append_line(self.run_dir / EVENTS_FILE,
-                         {"event": name, "step": step, "time": time.time(), **extra})
+            self._append(EVENTS_FILE, {"event": name, "step": step, "time": time.time(), **extra})
+
+    def _append(self, name: str, obj: dict[str, Any]) -> None:
+        """One line, one os.write on the file's kept descriptor: in the file (readable by
+        any other process) when this returns."""
+        data = (json.dumps(obj) + "\n").encode()
+        with self._fds_lock:  # events may come from the checkpoint writer's thread too
+            fd = self._fds.get(name)
+            if fd is None:
+                fd = self._fds[name] = _open_append(self.run_dir / name)
+            _write_whole(fd, data)
 
     def startup(self, info: dict[str, Any]) -> None:
         """Write startup.json (rank 0 only)."""
@@ -312,6 +334,10 @@ class Reporter:
         if self._slot_fd is not None:
             os.close(self._slot_fd)
             self._slot_fd = None
+        with self._fds_lock:  # a line written after this opens its file again
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
 
     def _all_local_done(self) -> bool:
         for f in self.local_dir.glob("rank-*.json"):
@@ -602,8 +628,11 @@ def read_progress_lines(log: str | os.PathLike[str], pattern: re.Pattern[str], o
 
 def append_metrics(run_dir: str | os.PathLike[str], rows: list[dict[str, Any]]) -> None:
     """Append step rows to metrics.jsonl (the stdout adapter writes the rows a trainer did not)."""
-    with open(Path(run_dir) / METRICS_FILE, "a") as f:
-        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    fd = _open_append(Path(run_dir) / METRICS_FILE)
+    try:  # all rows in one write, as the Reporter writes each of its own
+        _write_whole(fd, "".join(json.dumps(r) + "\n" for r in rows).encode())
+    finally:
+        os.close(fd)
 
 
 def read_metrics(run_dir: str | os.PathLike[str], offset: int = 0) -> tuple[list[dict], int]:

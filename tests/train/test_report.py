@@ -64,6 +64,101 @@ def test_other_ranks_write_nothing_to_the_run_dir(tmp_path):
     assert report.read_heartbeats(tmp_path) == {}
 
 
+# A rank 0 that writes a metrics row per step; after each row it says so on stdout and, when
+# told to pace, waits for a line on stdin before the next step.
+WRITER = """
+import sys, time
+from campaign import report
+run_dir, pace = sys.argv[1], sys.argv[2] == "pace"
+rep = report.Reporter(run_dir, rank=0, local_rank=0, world_size=1, node="w",
+                      attempt=f"w{time.time()}", interval=10)
+rep.event("start", 0)
+step = 0
+while True:
+    step += 1
+    rep.step(step=step, tokens=step, loss=1.0, step_time_s=0.001, note="x" * 2000)
+    if pace:
+        print(step, flush=True)
+        sys.stdin.readline()
+"""
+
+
+def _writer(tmp_path, pace: bool) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), "pace" if pace else "go"],
+                            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def test_a_metrics_row_is_readable_by_another_process_as_soon_as_the_step_returns(tmp_path):
+    proc = _writer(tmp_path, pace=True)
+    try:
+        offset = 0
+        for step in (1, 2, 3):
+            assert proc.stdout.readline().strip() == str(step)  # the writer is still running
+            rows, offset = report.read_metrics(tmp_path, offset)
+            assert [r["step"] for r in rows] == [step]
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+        assert report.read_events(tmp_path)[0]["event"] == "start"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_rank_killed_mid_run_leaves_only_whole_rows(tmp_path):
+    """SIGKILL while rows of 2 KB are written as fast as they can be: every line in the file
+    is a whole, valid row, and the file ends at a line's end."""
+    proc = _writer(tmp_path, pace=False)
+    path = tmp_path / report.METRICS_FILE
+    deadline = time.monotonic() + 30
+    while (not path.exists() or path.stat().st_size < 2_000_000) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.kill()
+    proc.wait()
+    data = path.read_bytes()
+    assert data.endswith(b"\n")
+    got = report.read_metrics_checked(tmp_path)
+    assert got.bad == 0 and got.offset == len(data)
+    assert [r["step"] for r in got.rows] == list(range(1, len(got.rows) + 1))
+    assert len(got.rows) == data.count(b"\n") > 100
+
+
+def test_reporter_keeps_its_files_open_until_close_and_reopens_after(tmp_path):
+    rep = report.Reporter(tmp_path, rank=0, local_rank=0, world_size=1, node="x",
+                          attempt=f"t{time.time()}", interval=10)
+    for step in (1, 2, 3):
+        rep.step(step=step, tokens=step, loss=1.0, step_time_s=0.1)
+        rep.event("checkpoint_saved", step)
+    assert set(rep._fds) == {report.METRICS_FILE, report.EVENTS_FILE}  # one open each, kept
+    rep.close()
+    assert rep._fds == {}
+    rep.event("done", 3)  # late (a checkpoint thread's event): still written, not lost
+    rows, _ = report.read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [e["event"] for e in report.read_events(tmp_path)] == ["checkpoint_saved"] * 3 + ["done"]
+    rep.close()
+
+
+def test_events_from_two_threads_never_share_a_line(tmp_path):
+    import threading
+
+    rep = report.Reporter(tmp_path, rank=0, local_rank=0, world_size=1, node="x",
+                          attempt=f"t{time.time()}", interval=10)
+
+    def write(tag: str) -> None:
+        for i in range(300):
+            rep.event("checkpoint_saved", i, path=tag * 3000)
+
+    threads = [threading.Thread(target=write, args=(tag,)) for tag in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rep.close()
+    events = report.read_events(tmp_path)
+    assert len(events) == 600
+    assert all(e["path"] in ("a" * 3000, "b" * 3000) for e in events)
+
+
 def test_list_checkpoints(tmp_path):
     for step, complete in ((10, True), (20, False)):
         d = tmp_path / report.checkpoint_name(step)
