@@ -24,8 +24,11 @@ steps. Run in one invocation, each with its own ledger (`--policies` picks which
   culprit naming, no exclusion, no bisection drill, no rescue), every launch a cold
   interpreter.
 
-Both checkpoint every `--checkpoint-every` steps (default: Young/Daly for the schedule's
-MTBF and the measured save stall, `campaign.goodput.daly_interval`). ETTR and where the rest
+Every run checkpoints as a user would ask: `checkpoint_every: auto` with `mtbf_s` stated as
+the schedule's mean time between faults, each run's ledger holding the calibration run as
+its site history, so the first launch already uses Young/Daly for the measured save stall;
+later launches follow the product's rule (campaign.goodput.suggest_interval: only faults no
+rescue covered count). `--checkpoint-every N` fixes N steps for every run instead. ETTR and where the rest
 of the wall time went come from the ledger (`campaign status --json`, campaign.goodput).
 The last line is the ratio of the two ETTRs. `--bad-node` replaces the random schedule with
 one node that hangs whenever it trains step steps/3: random faults cannot show what naming
@@ -87,9 +90,10 @@ POLICIES = (("ours", {}, {}), ("ours cold", {}, {"warm_start": False}), ("no res
 """(label, stage overrides, trainer overrides)."""
 
 
-def spec(setup: Setup, name: str, steps: int, every: int, faults: list[dict[str, Any]], extra: dict[str, Any],
-         trainer: dict[str, Any] | None = None) -> dict[str, Any]:
+def spec(setup: Setup, name: str, steps: int, every: int | str, faults: list[dict[str, Any]], extra: dict[str, Any],
+         trainer: dict[str, Any] | None = None, mtbf_s: float | None = None) -> dict[str, Any]:
     stage = {"name": "long", "kind": "long_run", "nodes": setup.nodes, "steps": steps, "checkpoint_every": every,
+             **({"mtbf_s": mtbf_s} if mtbf_s else {}),
              "max_attempts": len(faults) + 2, "crash_loop": 3, "backoff_s": 0, "faults": faults,
              "watchdog": {"startup_s": 120}, **extra}
     if "watchdog" in extra:
@@ -97,6 +101,19 @@ def spec(setup: Setup, name: str, steps: int, every: int, faults: list[dict[str,
     return {"name": name, "site": {"kind": "local", "nodes": setup.nodes + SPARES, "ranks_per_node": 1},
             "model": setup.model, "stages": [stage],
             "trainer": {"micro_batch_size": setup.micro_batch, "warmup_steps": 5, **(trainer or {})}}
+
+
+def seed_history(tmp: Path, name: str) -> None:
+    """Start `name`'s ledger as a copy of the calibration run's (its measured saves and steps)."""
+    import sqlite3
+
+    (tmp / name).mkdir(parents=True, exist_ok=True)
+    src, dst = sqlite3.connect(tmp / "calibrate" / "ledger.db"), sqlite3.connect(tmp / name / "ledger.db")
+    try:
+        src.backup(dst)
+    finally:
+        src.close()
+        dst.close()
 
 
 def run(name: str, doc: dict[str, Any], tmp: Path) -> dict[str, Any]:
@@ -152,7 +169,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300, help="Steps of the long run.")
     ap.add_argument("--mean-steps", type=float, default=100.0, help="Mean training steps between faults.")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--checkpoint-every", type=int, default=0, help="0: Young/Daly from a calibration run.")
+    ap.add_argument("--checkpoint-every", type=int, default=0,
+                    help="fixed steps between checkpoints for every run (default 0: `auto`, Young/Daly as the long run "
+                         "computes it, from the calibration run's save stall and the schedule's MTBF)")
     ap.add_argument("--bad-node", action="store_true",
                     help="instead of random faults: local-n1 hangs whenever it trains step steps/3 (a bad node)")
     ap.add_argument("--size", default=None, help="a named model shape (default: tiny, 4 x 256, seq 128)")
@@ -171,6 +190,8 @@ def main() -> None:
     for name in ("steps", "nodes", "micro_batch"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.checkpoint_every < 0:
+        ap.error(f"--checkpoint-every must be >= 0 (0: auto), got {args.checkpoint_every}")
     from campaign import goodput
 
     model = dict(MODEL) if args.size is None else {"size": args.size}
@@ -184,14 +205,21 @@ def main() -> None:
         faults = (schedule(args.seed, args.steps, args.mean_steps, every, ranks=setup.nodes) if not args.bad_node
                   else [{"kind": "hang", "step": max(1, args.steps // 3), "node": "local-n1"}])
         print(f"model {setup.model}, {setup.nodes} active node(s) x 1 rank, micro-batch {setup.micro_batch}")
-        print(f"step {step_s:.3f} s, checkpoint save stall {save_s:.3f} s -> checkpoint every {every} steps; "
+        how = (f"checkpoint every {args.checkpoint_every} steps" if args.checkpoint_every else
+               f"checkpoint_every auto (mtbf_s {args.mean_steps * step_s:.0f}: {every} steps before any rescue)")
+        print(f"step {step_s:.3f} s, checkpoint save stall {save_s:.3f} s -> {how}; "
               f"{len(faults)} faults: " + ", ".join(f"{f['kind']}@{f['step']}/{'r' + str(f['rank']) if 'rank' in f else f['node']}" for f in faults))
         if not faults:
             print(f"note: seed {args.seed} draws no fault within {args.steps} steps: this measures the fault-free ceiling")
         rows = []
         for label, extra, trainer in (p for p in POLICIES if p[0] in wanted):
             name = label.replace(" ", "-")
-            out = run(name, spec(setup, name, args.steps, every, faults, extra, trainer), tmp)
+            if args.checkpoint_every:
+                doc = spec(setup, name, args.steps, args.checkpoint_every, faults, extra, trainer)
+            else:
+                seed_history(tmp, name)
+                doc = spec(setup, name, args.steps, "auto", faults, extra, trainer, mtbf_s=args.mean_steps * step_s)
+            out = run(name, doc, tmp)
             rows.append({**out, "label": label})
             g = out["goodput"]
             print(f"{label}: {out['verdict']} [{', '.join(out['classes'])}]; ETTR {g['ettr']}, wall {g['wall_s']} s, "

@@ -162,10 +162,16 @@ def record_attempt(s: Session, a: Attempt, events: Sequence[dict[str, Any]] = ()
     stalls = _save_stalls(times)
     g.update(saves=len(stalls), save_s=round(statistics.median(stalls), 4) if stalls else None,
              fault=a.state in FAULTS, nodes=max(len(a.nodes or []), 1),
-             rescued=bool(((a.summary or {}).get("rescue") or {}).get("saved")))
+             rescued=_rescued((a.summary or {}).get("rescue")))
     a.goodput = g
     record_stage(s, a.stage_run)
     return g
+
+
+def _rescued(r: dict[str, Any] | None) -> bool:
+    """Whether a fault lost no work: a rescue checkpoint was saved, or the replica's step was
+    already checkpointed (a rescue would have held, none was needed)."""
+    return bool(r and (r.get("saved") or r.get("covered")))
 
 
 def _save_stalls(a: AttemptTimes) -> list[float]:

@@ -164,7 +164,8 @@ class Rescue:
         step, tokens, position = held
         newest = [c["step"] for c in report.list_checkpoints(self.root) if c["complete"]]
         if step == 0 or (newest and newest[-1] >= step):
-            return {"saved": False, "step": step, "why": f"step {step} is already covered by a complete checkpoint"}
+            return {"saved": False, "covered": True, "step": step,
+                    "why": f"step {step} is already covered by a complete checkpoint"}
         final = self.root / report.checkpoint_name(step)
         tmp = self.root / f".rescue-{report.checkpoint_name(step)}-rank-{self.rank}"
         shutil.rmtree(tmp, ignore_errors=True)

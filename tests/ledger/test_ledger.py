@@ -409,7 +409,7 @@ def test_faults_a_rescue_covered_lengthen_the_suggested_checkpoint_interval(ledg
     plain = suggested()
     assert plain.rescued == (0, 1) and plain.unrescued_mtbf_s == 400.0 and "rescued" not in plain.as_dict()
     fault({"saved": True, "step": 3, "rank": 0})
-    fault({"saved": True, "step": 3, "rank": 0})
+    fault({"saved": False, "covered": True, "step": 2, "why": "step 2 is already covered by a complete checkpoint"})
     sug = suggested()
     assert sug.rescued == (2, 3) and sug.unrescued_mtbf_s == pytest.approx(1200.0)  # 3 faults, 1 not rescued
     assert sug.interval_s == pytest.approx(goodput.daly_interval(sug.save_s, 1200.0))

@@ -93,7 +93,8 @@ def test_a_step_already_checkpointed_is_not_saved_again(launch, tmp_path):
     run = launch(_cfg(ck, 10_000, [{"kind": "hang", "step": 6, "rank": 1, "attempt": 1}]))
     _wait_until(lambda: _ranks(run).get(0, {}).get("phase") == "collective" and _ranks(run)[0]["step"] == 6)
     got = _ask(run, rank=0)
-    assert not got["saved"] and "step 5 is already covered by a complete checkpoint" in got["why"], got
+    assert not got["saved"] and got["covered"], got
+    assert "step 5 is already covered by a complete checkpoint" in got["why"]
     run.kill()
 
 
