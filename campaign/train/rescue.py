@@ -98,6 +98,8 @@ class Rescue:
         self._update: Any = None  # CUDA: the event recorded just before the optimizer's kernels
         self._asked = threading.Event()
         self._finished = threading.Event()
+        self._side = _side_stream(state) if cuda else None
+        import torch.distributed.checkpoint  # noqa: F401 - 2.4 s on first import (H200 host): not during a rescue
 
     # --- the training loop's calls ---------------------------------------------------
     def mark(self, step: int, tokens: int, data_position: int) -> None:
@@ -170,9 +172,14 @@ class Rescue:
         tmp = self.root / f".rescue-{report.checkpoint_name(step)}-rank-{self.rank}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        write_replica(tmp, *self._state(), world_size=self.world_size, cuda=self._cuda)
-        with self._lock:  # the optimizer began (host: a new version; device: its event passed)
-            moved = self._version != version or (update is not None and update.query())
+        model, optim, sched = self._state()
+        state = capture(model, optim, self._side)  # CUDA: copied to host; CPU: the live tensors
+        # The optimizer began meanwhile (host: a new version; device: its event passed)?
+        moved = self._version != version or (update is not None and update.query())
+        if not moved:
+            write_replica(tmp, state, sched, world_size=self.world_size,
+                          cuda_device=self._side.device if self._side is not None else None)
+            moved = self._version != version  # on the CPU the write read the live tensors
         if moved:
             shutil.rmtree(tmp, ignore_errors=True)
             return {"saved": False, "step": step, "why": "the optimizer ran during the save: discarded"}
@@ -187,12 +194,40 @@ class Rescue:
                 "seconds": round(time.perf_counter() - t0, 3)}
 
 
-def write_replica(path: Path, model, optim, sched, *, world_size: int, cuda: bool = False) -> None:
-    """This rank's replica as a checkpoint any world size loads: DCP shards written by one
-    process (no collective), and the same RNG and scheduler state for every rank (DDP ranks
-    share the seed and step in lockstep). On CUDA the state is first copied to host memory
-    on a stream of this thread's own: the compute stream may be stuck behind a collective."""
+def _side_stream(state: Any) -> Any:
+    """A CUDA stream on the model's device (not the current device of whichever thread asks:
+    that is per thread), made ready while the device is idle: on an H200 the first use of a
+    new stream and the first pinned allocation waited for the compute stream."""
+    import torch
+
+    device = next(state()[0].parameters()).device
+    side = torch.cuda.Stream(device=device)
+    with torch.cuda.stream(side):
+        torch.empty(1, pin_memory=True).copy_(torch.zeros(1, device=device), non_blocking=True)
+    side.synchronize()
+    return side
+
+
+def capture(model, optim, side: Any = None) -> dict[str, Any]:
+    """This rank's replica ({"model", "optim"}, `replica_state`). On CUDA (`side`, a stream of
+    the model's device) copied into pinned host memory on that stream, finished on return:
+    the compute stream may be stuck behind a collective, and neither the copy nor its wait
+    may queue behind it. On the CPU the live tensors themselves."""
     import contextlib
+
+    import torch
+
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        state = _to_host(replica_state(model, optim))
+    if side is not None:
+        side.synchronize()
+    return state
+
+
+def write_replica(path: Path, state: dict[str, Any], sched, *, world_size: int, cuda_device: Any = None) -> None:
+    """The captured replica as a checkpoint any world size loads: DCP shards written by one
+    process (no collective), and the same RNG and scheduler state for every rank (DDP ranks
+    share the seed and step in lockstep)."""
     import warnings
 
     import torch
@@ -201,19 +236,12 @@ def write_replica(path: Path, model, optim, sched, *, world_size: int, cuda: boo
 
     from campaign.train.checkpoint import _rng_state, _torch_bytes
 
-    # The model's device, not this thread's current one (CUDA's current device is per thread).
-    device = next(model.parameters()).device
-    side = torch.cuda.Stream(device=device) if cuda else None
-    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-        state = _to_host(replica_state(model, optim))
-    if side is not None:
-        side.synchronize()
     with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
         dcp.save(state, storage_writer=FileSystemWriter(path, sync_files=True), no_dist=True)
     rng = _rng_state(torch.device("cpu"))  # the CUDA generator's state is a host-side seed and offset
-    if cuda:
-        rng["cuda"] = torch.cuda.get_rng_state(device)
+    if cuda_device is not None:
+        rng["cuda"] = torch.cuda.get_rng_state(cuda_device)
     buf = _torch_bytes({"rng": rng, "scheduler": sched.state_dict()})
     for r in range(world_size):
         report.write_durable(path / f"rank-{r:05d}.pt", buf)
@@ -238,11 +266,17 @@ def replica_state(model, optim) -> dict[str, Any]:
 
 
 def _to_host(obj: Any) -> Any:
-    """`obj` with every tensor copied to host memory (on the current stream)."""
+    """`obj` with every device tensor copied into pinned host memory without blocking, on the
+    current stream (a plain `.to("cpu")` into pageable memory waited for the compute stream
+    on the H200); host tensors as they are. Synchronize the stream before reading."""
     import torch
 
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu")
+        t = obj.detach()
+        if t.device.type == "cpu":
+            return t
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        return host.copy_(t, non_blocking=True)
     if isinstance(obj, dict):
         return {k: _to_host(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
