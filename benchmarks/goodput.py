@@ -65,10 +65,13 @@ shorten it); no culprit named, nobody excluded, no drill."""
 
 def schedule(seed: int, steps: int, mean: float, every: int, ranks: int) -> list[dict[str, Any]]:
     """Fault k in attempt k at (resume step of attempt k) + Exp(mean) steps; a fault at the
-    start of step S leaves the checkpoint of every * floor((S - 1) / every) to resume from."""
+    start of step S leaves the checkpoint of every * floor((S - 1) / every) to resume from.
+    Each fault comes after the one before (a relaunch that resumed from a rescue checkpoint,
+    later than `every` would put it, must still meet it: every policy meets every fault)."""
     rng, out, resume = random.Random(seed), [], 0
     while True:
         at = resume + max(1, round(rng.expovariate(1.0 / mean)))
+        at = max(at, out[-1]["step"] + 1) if out else at
         if at > steps:
             return out
         out.append({"kind": rng.choice(["hang", "crash"]), "step": at, "rank": rng.randrange(ranks),
