@@ -255,11 +255,7 @@ def _start(request: AttemptRequest, hosts: list[str]) -> tuple[_Launch, list[str
 
     run_dir = Path(request.run_dir)
     plan = request.launch_plan(hosts)
-    # Behind one launcher process the supervisor learns of a crashed rank only once every rank
-    # has exited: a survivor that lingered for a rescue request would wait in vain (hangs are
-    # still rescued: the launcher forwards SIGUSR1).
-    linger = {} if request.launcher == "local" else {"CAMPAIGN_RESCUE_LINGER_S": "0"}
-    base_env = {**os.environ, **linger, **warm.launch_environment(), **dict(plan.env)}
+    base_env = {**os.environ, **warm.launch_environment(), **dict(plan.env)}
     if request.launcher == "local":
         procs = []
         for rank, (rank_argv, env) in enumerate(launchers.local_rank_processes(plan)):
@@ -412,9 +408,7 @@ def _rescue(launch: _Launch, request: AttemptRequest, hosts: list[str], watch: w
     launch.notify(signal.SIGUSR1)
     if rank < 0:
         return {"saved": False, "why": "no surviving rank outside the suspect nodes"}
-    policy = request.watchdog
-    budget = (policy.checkpoint_factor * max(watch.checkpoint_saves) + policy.floor_s if watch.checkpoint_saves
-              else RESCUE_WAIT_S)
+    budget = watchdog.checkpoint_budget(watch, request.watchdog, unmeasured=RESCUE_WAIT_S)
     result = run_dir / rescue.RESULT_FILE
     while time.time() - t0 < budget and not result.exists():
         time.sleep(0.05)

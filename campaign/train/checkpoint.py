@@ -65,12 +65,18 @@ def _warn(msg: str) -> None:
 
 
 def mark_complete(root: str, path: Path, *, step: int, tokens: int, data_position: int,
-                  world_size: int, keep_last: int) -> None:
-    """Rank 0, once every rank's files are durable: meta.json, then `.complete` (the helper a
-    trainer of your own calls too), then prune."""
+                  world_size: int, keep_last: int, **extra: Any) -> None:
+    """Rank 0, once every rank's files are durable: meta.json (with `extra`), then `.complete`
+    (the helper a trainer of your own calls too), then prune."""
     report.complete_checkpoint(path, step=step, tokens=tokens, rank=0, data_position=data_position,
-                               world_size=world_size)
+                               world_size=world_size, **extra)
     prune(root, keep_last)
+
+
+def rank_state(device: torch.device, sched) -> bytes:
+    """A rank's `rank-RRRRR.pt`: its RNG states and the LR scheduler (the CUDA generator's
+    state is a host-side seed and offset: reading it waits for no stream)."""
+    return _torch_bytes({"rng": _rng_state(device), "scheduler": sched.state_dict()})
 
 
 class _Writer(FileSystemWriter):
@@ -150,8 +156,7 @@ class Saver:
             (path / report.META_FILE).unlink(missing_ok=True)
             path.mkdir(parents=True, exist_ok=True)
         dist.barrier()
-        buf = _torch_bytes({"rng": _rng_state(self.device), "scheduler": sched.state_dict()})
-        report.write_durable(path / f"rank-{rank:05d}.pt", buf)
+        report.write_durable(path / f"rank-{rank:05d}.pt", rank_state(self.device, sched))
         msd, osd = get_state_dict(model, optim)
         state = {"model": msd, "optim": osd}
         writer = self._writer(path, lambda: self.before_write(step))

@@ -265,6 +265,10 @@ class RunConfig(_Strict):
     rescue: bool = False
     """Answer the supervisor's rescue request (SIGUSR1) after a fault: one surviving replica
     saves the last finished step (campaign.train.rescue; DDP, on the CPU or CUDA)."""
+    rescue_linger_s: float = Field(default=20.0, ge=0)
+    """How long a rank whose collective failed (a peer died) waits for the rescue request
+    before it fails; 0 behind a launcher, whose supervisor sees a crash only once every rank
+    has exited."""
 
 
 class TrainerConfig(_Strict):

@@ -175,7 +175,8 @@ def _rescue(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFl
         return rescue.NoRescue()
     res = rescue.Rescue(run_dir=str(rep.run_dir), checkpoint_dir=cfg.run.checkpoint_dir, rank=env.rank,
                         world_size=env.world_size, keep_last=cfg.train.keep_last,
-                        state=lambda: (tr.model, tr.optim, tr.sched), cuda=env.device.type == "cuda")
+                        state=lambda: (tr.model, tr.optim, tr.sched), cuda=env.device.type == "cuda",
+                        linger_s=cfg.run.rescue_linger_s)
     stop.on_usr1 = res.on_signal
     return res
 

@@ -11,12 +11,12 @@ et al., EuroSys 2024). The flow:
 2. On a crash or a stall the supervisor writes `rescue-request.json` into the run directory,
    naming one rank on a healthy node, and sends SIGUSR1 to the launch.
 3. A rank whose collective failed (its peer crashed) does not exit at once: it lingers up to
-   `CAMPAIGN_RESCUE_LINGER_S` (default 20 s) for that signal. A rank blocked in a collective
+   `run.rescue_linger_s` (20 s; 0 behind a launcher) for that signal. A rank blocked in a collective
    (its peer hangs) never returns to Python, so the signal's reader thread does the work.
 4. The named rank saves, without any collective, a DCP checkpoint of the step its state
    holds (`step-NNNNNNNN/`, the same layout as a periodic one, one `rank-RRRRR.pt` per rank,
-   `meta.json` with `"rescue": {"rank": R}`, `.complete` last), into a hidden folder first,
-   renamed into place once durable. If the optimizer ran during the save (the rank was not
+   `meta.json` with `"rescue": {"rank": R}`, `.complete` last, as `checkpoint.mark_complete`
+   finishes every checkpoint). If the optimizer ran during the save (the rank was not
    stuck after all), the save is discarded. It writes `rescue.json` (saved or why not).
 5. The supervisor waits for `rescue.json` (bounded), then stops the launch as before; the
    relaunch resumes from the newest complete checkpoint, now the rescued one.
@@ -35,7 +35,6 @@ This module imports torch only to save, so the supervisor can read its file name
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import threading
 import time
@@ -48,7 +47,6 @@ REQUEST_FILE = "rescue-request.json"
 """Written by the supervisor: {"rank": R} (the rank that saves), then SIGUSR1."""
 RESULT_FILE = "rescue.json"
 """Written by the rank that was asked: {"saved": bool, "step", "path", "seconds", "why"}."""
-DEFAULT_LINGER_S = 20.0
 
 
 def supported(*, wrapper: str, world_size: int, device: Any) -> bool:
@@ -88,10 +86,10 @@ class Rescue:
     enabled = True
 
     def __init__(self, *, run_dir: str, checkpoint_dir: str, rank: int, world_size: int,
-                 keep_last: int, state: Any, cuda: bool = False) -> None:
+                 keep_last: int, state: Any, cuda: bool = False, linger_s: float = 20.0) -> None:
         self.run_dir, self.root = Path(run_dir), Path(checkpoint_dir)
         self.rank, self.world_size, self.keep_last = rank, world_size, keep_last
-        self._state, self._cuda = state, cuda
+        self._state, self.linger_s = state, linger_s
         self._lock = threading.Lock()
         self._held: tuple[int, int, int] | None = None  # (step, tokens, data_position) the state holds
         self._version = 0  # bumped whenever the optimizer starts changing the state
@@ -114,7 +112,7 @@ class Rescue:
         (before the optimizer's kernels are queued) completes."""
         with self._lock:
             self._version += 1
-            if self._cuda:
+            if self._side is not None:
                 import torch
 
                 self._update = torch.cuda.Event()
@@ -127,9 +125,8 @@ class Rescue:
         was asked, for its save) before the exception takes the process down."""
         if self._held is None:
             return
-        limit = float(os.environ.get("CAMPAIGN_RESCUE_LINGER_S", DEFAULT_LINGER_S))
-        if self._asked.wait(limit):
-            self._finished.wait(limit + 600)  # a save that started is let finish (the supervisor bounds it)
+        if self._asked.wait(self.linger_s):
+            self._finished.wait(self.linger_s + 600)  # a save that started is let finish (the supervisor bounds it)
 
     # --- the signal's side (the SIGUSR1 reader thread) -----------------------------------
     def on_signal(self) -> None:
@@ -168,29 +165,24 @@ class Rescue:
         if step == 0 or (newest and newest[-1] >= step):
             return {"saved": False, "covered": True, "step": step,
                     "why": f"step {step} is already covered by a complete checkpoint"}
-        final = self.root / report.checkpoint_name(step)
-        tmp = self.root / f".rescue-{report.checkpoint_name(step)}-rank-{self.rank}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        from campaign.train.checkpoint import mark_complete
+
+        path = self.root / report.checkpoint_name(step)
+        shutil.rmtree(path, ignore_errors=True)  # an incomplete periodic save of the same step
+        path.mkdir(parents=True)
         model, optim, sched = self._state()
         state = capture(model, optim, self._side)  # CUDA: copied to host; CPU: the live tensors
         # The optimizer began meanwhile (host: a new version; device: its event passed)?
         moved = self._version != version or (update is not None and update.query())
         if not moved:
-            write_replica(tmp, state, sched, world_size=self.world_size,
-                          cuda_device=self._side.device if self._side is not None else None)
+            write_replica(path, state, sched, world_size=self.world_size, device=next(model.parameters()).device)
             moved = self._version != version  # on the CPU the write read the live tensors
         if moved:
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(path, ignore_errors=True)  # no `.complete`: nothing a resume would take
             return {"saved": False, "step": step, "why": "the optimizer ran during the save: discarded"}
-        report.complete_checkpoint(tmp, step=step, tokens=tokens, rank=0, data_position=position,
-                                   world_size=self.world_size, rescue={"rank": self.rank})
-        shutil.rmtree(final, ignore_errors=True)  # an incomplete periodic save of the same step
-        os.rename(tmp, final)
-        from campaign.train.checkpoint import prune
-
-        prune(str(self.root), self.keep_last)
-        return {"saved": True, "step": step, "tokens": tokens, "path": str(final),
+        mark_complete(str(self.root), path, step=step, tokens=tokens, data_position=position,
+                      world_size=self.world_size, keep_last=self.keep_last, rescue={"rank": self.rank})
+        return {"saved": True, "step": step, "tokens": tokens, "path": str(path),
                 "seconds": round(time.perf_counter() - t0, 3)}
 
 
@@ -224,25 +216,21 @@ def capture(model, optim, side: Any = None) -> dict[str, Any]:
     return state
 
 
-def write_replica(path: Path, state: dict[str, Any], sched, *, world_size: int, cuda_device: Any = None) -> None:
+def write_replica(path: Path, state: dict[str, Any], sched, *, world_size: int, device: Any) -> None:
     """The captured replica as a checkpoint any world size loads: DCP shards written by one
     process (no collective), and the same RNG and scheduler state for every rank (DDP ranks
     share the seed and step in lockstep)."""
     import warnings
 
-    import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
 
-    from campaign.train.checkpoint import _rng_state, _torch_bytes
+    from campaign.train.checkpoint import rank_state
 
     with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
         dcp.save(state, storage_writer=FileSystemWriter(path, sync_files=True), no_dist=True)
-    rng = _rng_state(torch.device("cpu"))  # the CUDA generator's state is a host-side seed and offset
-    if cuda_device is not None:
-        rng["cuda"] = torch.cuda.get_rng_state(cuda_device)
-    buf = _torch_bytes({"rng": rng, "scheduler": sched.state_dict()})
+    buf = rank_state(device, sched)
     for r in range(world_size):
         report.write_durable(path / f"rank-{r:05d}.pt", buf)
 
