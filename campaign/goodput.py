@@ -255,14 +255,17 @@ class Suggestion:
     source: str
     rescued: tuple[int, int] = (0, 0)
     """(faults a rescue checkpoint covered, faults) in the site's history."""
-    unrescued_mtbf_s: float | None = None
-    """The MTBF the interval was computed for: of the faults a rescue did not cover."""
+
+    @property
+    def unrescued_mtbf_s(self) -> float:
+        """The MTBF the interval was computed for (`unrescued_mtbf`)."""
+        return unrescued_mtbf(self.mtbf_s, *self.rescued)
 
     def as_dict(self) -> dict[str, Any]:
         out = {"steps": self.steps, "interval_s": round(self.interval_s, 2), "save_s": round(self.save_s, 3),
                "mtbf_s": round(self.mtbf_s, 1), "step_s": round(self.step_s, 4), "source": self.source}
         if self.rescued[0]:
-            out.update(rescued=list(self.rescued), unrescued_mtbf_s=round(self.unrescued_mtbf_s or 0.0, 1))
+            out.update(rescued=list(self.rescued), unrescued_mtbf_s=round(self.unrescued_mtbf_s, 1))
         return out
 
 
@@ -278,12 +281,16 @@ def suggest_interval(s: Session, c: Campaign, *, nodes: int, mtbf_s: float | Non
     if not save or not step or not mtbf:
         return None
     faults, rescued = rescue_cover([g for _, g in hist])
-    # What a checkpoint saves is the work a fault would otherwise cost: after a rescued fault
-    # none. So the interval trades the save against the faults no rescue covered, counting at
-    # least one (a history of rescued faults only is no proof that every fault will be).
-    unrescued = mtbf * faults / max(faults - rescued, 1) if faults else mtbf
-    interval = daly_interval(save, unrescued)
-    return Suggestion(max(1, round(interval / step)), interval, save, mtbf, step, source, (rescued, faults), unrescued)
+    interval = daly_interval(save, unrescued_mtbf(mtbf, rescued, faults))
+    return Suggestion(max(1, round(interval / step)), interval, save, mtbf, step, source, (rescued, faults))
+
+
+def unrescued_mtbf(mtbf_s: float, rescued: int, faults: int) -> float:
+    """The MTBF of the faults no rescue covered: what Young/Daly trades a save against (a
+    checkpoint saves the work a fault would cost, and after a rescued fault that is none).
+    At least one uncovered fault is counted: a history of rescued faults only is no proof
+    that every fault will be."""
+    return mtbf_s * faults / max(faults - rescued, 1) if faults else mtbf_s
 
 
 def rescue_cover(history: Sequence[dict[str, Any]]) -> tuple[int, int]:

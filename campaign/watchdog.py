@@ -131,10 +131,9 @@ class Watch:
                 self.final_event = e["event"]
 
     def saw_compute(self, beats: dict[str, dict[str, Any]]) -> None:
-        times = [float(r["compute_s"]) for b in beats.values() for r in b.get("ranks", {}).values()
-                 if r.get("compute_s") is not None]
+        times = compute_times(beats)
         if times:
-            self.compute_s = max(times)
+            self.compute_s = max(times.values())
 
     def saw_phases(self, phases: set[str], now: float) -> None:
         if phases == {"done"}:
@@ -167,9 +166,7 @@ def decide(w: Watch, policy: WatchdogPolicy, now: float, confirmed: bool = False
     if w.exiting_since is not None:
         return Decision(now - w.exiting_since > policy.exit_s, "exiting", now - w.exiting_since, policy.exit_s)
     if w.in_checkpoint_since is not None:
-        # Measured saves set the budget once there are any; before that, the configured one.
-        budget = (max(w.checkpoint_saves) * policy.checkpoint_factor + policy.floor_s if w.checkpoint_saves
-                  else policy.checkpoint_s)
+        budget = checkpoint_budget(w, policy)
         since = max(w.in_checkpoint_since, w.last_progress)
         return Decision(now - since > budget, "checkpoint", now - since, budget)
     if w.last_step == 0:
@@ -179,6 +176,14 @@ def decide(w: Watch, policy: WatchdogPolicy, now: float, confirmed: bool = False
     if w.steps_seen <= policy.warmup_steps:
         return Decision(idle > max(budget, policy.warmup_s), "warmup", idle, max(budget, policy.warmup_s))
     return Decision(idle > budget, "steady", idle, budget, confirmed and floor < policy.floor_s)
+
+
+def checkpoint_budget(w: Watch, policy: WatchdogPolicy, unmeasured: float | None = None) -> float:
+    """How long a save may take: from the measured saves once there are any; before that
+    `unmeasured` (default: the configured checkpoint_s)."""
+    if w.checkpoint_saves:
+        return max(w.checkpoint_saves) * policy.checkpoint_factor + policy.floor_s
+    return policy.checkpoint_s if unmeasured is None else unmeasured
 
 
 def early_budget(w: Watch, policy: WatchdogPolicy) -> float | None:
@@ -242,14 +247,21 @@ def culprits(beats: dict[str, dict[str, Any]], hosts: list[str], now: float,
     return out
 
 
-def stragglers(beats: dict[str, dict[str, Any]], ratio: float) -> list[dict[str, Any]]:
-    """Nodes whose compute time per step (the slowest rank's, before joining the gradient
-    collective; an EMA the trainer keeps) is `ratio` times the median of the other nodes'."""
+def compute_times(beats: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Each node's compute time per step: its slowest rank's, before joining the gradient
+    collective (an EMA the trainer keeps in its heartbeat); nodes without one are left out."""
     per_node = {}
     for node, b in beats.items():
         times = [float(r["compute_s"]) for r in b.get("ranks", {}).values() if r.get("compute_s") is not None]
         if times:
             per_node[node] = max(times)
+    return per_node
+
+
+def stragglers(beats: dict[str, dict[str, Any]], ratio: float) -> list[dict[str, Any]]:
+    """Nodes whose compute time per step (`compute_times`) is `ratio` times the median of the
+    other nodes'."""
+    per_node = compute_times(beats)
     out = []
     if len(per_node) < 2:
         return out
