@@ -83,8 +83,10 @@ def main() -> None:
     A campaign is one YAML file: a model, a site (local, aurora, polaris, slurm) and stages
     that must pass in order (smoke, loss_check, scaling, long_run, resume_test). A stalled or
     crashed run is detected, its bad node excluded, and the run relaunched from its last
-    complete checkpoint. Start with `campaign submit examples/local.yaml`, then `campaign
-    status local-demo`; `campaign validate FILE` lists every field a file may set.
+    complete checkpoint; under DDP a surviving rank first saves the last finished step (a
+    rescue checkpoint, `trainer.rescue`), so the relaunch recomputes nothing. Start with
+    `campaign submit examples/local.yaml`, then `campaign status local-demo`; `campaign
+    validate FILE` lists every field a file may set.
 
     Exit codes: 0 success, 1 a stage failed, 2 bad input or usage, 130 cancelled.
     """
@@ -188,7 +190,8 @@ def resume(name: str, db_url: str | None, workdir: Path, quiet: bool) -> None:
     """Continue campaign NAME after its driver died (or was cancelled), from the ledger alone.
 
     Attempts the dead driver left open are marked `orphaned` and their jobs stopped; stages
-    already passed are not rerun; the long run continues from its last complete checkpoint.
+    already passed are not rerun; the long run continues from its newest complete checkpoint
+    (a rescue checkpoint, if the last fault left one).
     Refused while another driver holds the campaign's lease.
     """
     from campaign import spec as spec_mod
