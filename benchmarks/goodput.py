@@ -1,6 +1,7 @@
 """Goodput under a fault schedule: our policy against an ezpz-like baseline, same faults.
 
-    python benchmarks/goodput.py [--steps 300] [--mean-steps 100] [--seed 1]
+    python benchmarks/goodput.py [--steps 300] [--mean-steps 100] [--seed 1]   # ~16 min on 2 cores
+    python benchmarks/goodput.py --d-model 256 --seq-len 128 --policies "ours,ours cold,no rescue,baseline"
 
 A long run on the local site (CPU, a small GPT, 2 active virtual nodes x 1 gloo rank + 3
 spares) through `campaign submit`, under a seeded schedule of hangs and crashes: after each
@@ -16,9 +17,9 @@ steps. Run in one invocation, each with its own ledger (`--policies` picks which
   crash or a hang one surviving replica saves the last finished step, so the relaunch
   recomputes nothing (`trainer.rescue: auto`);
 - **ours cold**: the same with `warm_start: false`, so the warm start's share is measured in
-  the same invocation;
+  the same invocation (not run by default: `--policies "ours,ours cold,baseline"`);
 - **no rescue**: ours with `rescue: false`, so the rescue's share is measured likewise (not
-  run by default: `--policies ours,no rescue,baseline`);
+  run by default: `--policies "ours,no rescue,baseline"`);
 - **baseline**, configured as ezpz's: an output-silence timeout scaled to the step time the
   same way (the same 3 x p99 + 9 s on step output), blind retry on the same nodes (no
   culprit naming, no exclusion, no bisection drill, no rescue), every launch a cold
@@ -39,6 +40,7 @@ every ~100 step-times.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -47,12 +49,14 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
-MODEL = {"size": "tiny", "n_layer": 4, "d_model": 256, "n_head": 4, "seq_len": 128}
-"""A step of ~0.15 s on 2 CPU cores (--d-model and --seq-len make it longer; --size another shape)."""
+MODEL = {"size": "tiny", "n_layer": 4, "d_model": 512, "n_head": 4, "seq_len": 256}
+"""A step of ~1.1 s on 2 CPU cores, most of it gloo's all-reduce: a step of a real run's order, so
+a fault every 100 step times is one every ~2 minutes (`--d-model 256 --seq-len 128`: ~0.15 s
+steps, a fault every ~15 s, where fixed per-fault costs dominate; --size another shape)."""
 
 SPARES = 3
 """One per node the long run may exclude (its `exclusion_budget`): with fewer, random hangs
@@ -167,6 +171,12 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def _kept(path: Path) -> Iterator[str]:
+    path.mkdir(parents=True, exist_ok=True)
+    yield str(path.resolve())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300, help="Steps of the long run.")
@@ -178,13 +188,15 @@ def main() -> None:
     ap.add_argument("--bad-node", action="store_true",
                     help="instead of random faults: local-n1 hangs whenever it trains step steps/3 (a bad node)")
     ap.add_argument("--size", default=None, help="a named model shape (default: tiny, 4 x 256, seq 128)")
-    ap.add_argument("--d-model", type=int, default=None, help="width (a longer CPU step: 512)")
+    ap.add_argument("--d-model", type=int, default=None, help="width (default 512; 256 for ~0.15 s steps)")
     ap.add_argument("--seq-len", type=int, default=None, help="context length")
     ap.add_argument("--nodes", type=int, default=2, help="active virtual nodes, one rank each (1 on one GPU)")
     ap.add_argument("--micro-batch", type=int, default=4)
-    ap.add_argument("--policies", default="ours,ours cold,baseline",
+    ap.add_argument("--keep", type=Path, default=None, metavar="DIR",
+                    help="keep every run's work directory (ledger, run directories) under DIR instead of a temporary one")
+    ap.add_argument("--policies", default="ours,baseline",
                     help="which runs, comma-separated, of: ours, ours cold, no rescue, baseline (default: ours, "
-                         "ours cold, baseline; the first and the last are compared)")
+                         "baseline; the first and the last are compared)")
     args = ap.parse_args()
     wanted = [w.strip() for w in args.policies.split(",") if w.strip()]
     known = [p[0] for p in POLICIES]
@@ -201,7 +213,9 @@ def main() -> None:
     model.update({k: v for k, v in (("d_model", args.d_model), ("seq_len", args.seq_len)) if v is not None})
     setup = Setup(model, args.nodes, args.micro_batch)
 
-    with tempfile.TemporaryDirectory() as tmp_name:
+    if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
+        ap.error(f"--keep {args.keep}: the directory is not empty")
+    with (tempfile.TemporaryDirectory() if args.keep is None else _kept(args.keep)) as tmp_name:
         tmp = Path(tmp_name)
         step_s, save_s = calibrate(setup, tmp)
         every = args.checkpoint_every or max(1, round(goodput.daly_interval(save_s, args.mean_steps * step_s) / step_s))
