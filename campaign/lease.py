@@ -86,8 +86,8 @@ class DriverLease:
                 c = s.get(Campaign, self.campaign_id)
                 assert c is not None
                 held = reads.get_lease(s, c)
-                if held is None:
-                    writes.take_lease(s, c, host=self.host, pid=self.pid, token=self.token, ttl_s=self.ttl_s)
+                if held is None:  # insert only: a row that appeared since the look is another driver's
+                    writes.first_lease(s, c, host=self.host, pid=self.pid, token=self.token, ttl_s=self.ttl_s)
                 elif held.token != self.token:
                     self._take_over(s, c, held)
         except (IntegrityError, OperationalError) as e:

@@ -205,8 +205,20 @@ def include_node(s: Session, *, site: str, node: str) -> int:
     return lifted
 
 
+def first_lease(s: Session, c: Campaign, *, host: str, pid: int, token: str, ttl_s: float) -> Lease:
+    """Insert the campaign's first lease row, and only insert: if another driver's row is
+    there by now (it inserted after our look found none), the flush raises IntegrityError
+    on the unique campaign_id and that driver keeps its lease."""
+    lease = Lease(campaign_id=c.id, host=host, pid=pid, token=token, ttl_s=ttl_s, renewed=db_utcnow(s))
+    s.add(lease)
+    s.flush()
+    return lease
+
+
 def take_lease(s: Session, c: Campaign, *, host: str, pid: int, token: str, ttl_s: float) -> Lease:
-    """Make (host, pid, token) the campaign's driver, replacing any earlier lease row."""
+    """Make (host, pid, token) the campaign's driver, replacing any earlier lease row
+    unconditionally (fixtures and repairs; a driver takes its lease with `first_lease` or a
+    compare-and-swap on the holder's token, never this)."""
     lease = get_lease(s, c)
     if lease is None:
         lease = Lease(campaign_id=c.id, host=host, pid=pid, token=token, ttl_s=ttl_s)

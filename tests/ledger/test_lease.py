@@ -111,6 +111,26 @@ def test_two_drivers_taking_over_one_stale_lease_at_once_make_exactly_one_winner
             led.close()
 
 
+def test_a_first_lease_inserted_between_our_look_and_our_write_stays_its_drivers(
+        ledger: Ledger, campaign_id: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two submits on a fresh campaign: ours looks, finds no lease, and before it writes the
+    other driver's first lease lands (on PostgreSQL, read committed, our next read sees it).
+    Ours must be refused, not overwrite the row and drive a second copy of the campaign
+    (seen under load in CI: two drivers, two attempts of one stage). The interleaving is
+    forced by making our look return what it saw a moment earlier: nothing."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "campaign-driver"])
+    try:
+        _hold(ledger, campaign_id, pid=other.pid, host=lease_mod.socket.gethostname(), age_s=0)
+        monkeypatch.setattr(lease_mod.reads, "get_lease", lambda s, c: None)  # the look before their insert
+        with pytest.raises(CampaignConflict, match="another driver took the lease .* at the same moment"):
+            DriverLease(ledger, campaign_id).acquire()
+        monkeypatch.undo()
+        assert _holder(ledger, campaign_id) == (other.pid, "theirs"), "the first driver keeps its lease"
+    finally:
+        other.kill()
+        other.wait()
+
+
 def test_a_driver_whose_lease_was_taken_is_told(ledger: Ledger, campaign_id: int,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lease_mod, "RENEW_S", 0.1)
