@@ -1,6 +1,6 @@
 """A GPT-style decoder, single-device code (parallelism is applied in parallelize.py).
 
-RMSNorm, rotary position embeddings, SwiGLU or GELU MLP, optional tied embeddings, causal
+RMSNorm, rotary position embeddings (rotary.py), SwiGLU or GELU MLP, optional tied embeddings, causal
 `F.scaled_dot_product_attention`. Named shapes live in `SHAPES`; `shape_for` merges a
 `ModelConfig`'s overrides. This module does not import the pydantic config, so the
 benchmark can run where pydantic is absent.
@@ -15,24 +15,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from campaign.train.rotary import load_kernels, rotary_tables, rotate_qkv
 from campaign.train.shapes import SHAPES, Shape, shape_for
 
 __all__ = ["GPT", "SHAPES", "Shape", "shape_for"]
-
-
-def rotary_tables(seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, ...]:
-    inv = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    freqs = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv)
-    return freqs.cos(), freqs.sin()
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, T, H, D); rotate pairs (first half, second half) of the head dimension."""
-    d = x.shape[-1] // 2
-    x1, x2 = x[..., :d], x[..., d:]
-    T = x.shape[1]
-    cos, sin = cos[:T, None].to(x.dtype), sin[:T, None].to(x.dtype)  # (T, 1, D/2): every head
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
 class Attention(nn.Module):
@@ -50,8 +36,9 @@ class Attention(nn.Module):
         # gradient fuses with the one write of dqkv. Rotated in (B, H, T, D) instead, q and k
         # were written transposed, the output copied back and the gradients transposed again
         # (measured on an H200: ~2% of a 1b step).
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).unbind(2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        # On CUDA the rotation is two Triton kernels (campaign/train/rotary_triton.py), the
+        # backward writing dq, dk, dv straight into the projection's gradient.
+        q, k, v = rotate_qkv(self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head), cos, sin)
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                            is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
@@ -98,6 +85,7 @@ class GPT(nn.Module):
         self.head = nn.Linear(shape.d_model, shape.vocab_size, bias=False)
         if shape.tie_embeddings:
             self.head.weight = self.embed.weight
+        load_kernels()  # here, not under torch.compile: the forward only reads whether they loaded
         cos, sin = rotary_tables(shape.seq_len, shape.head_dim)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)

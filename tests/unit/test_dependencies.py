@@ -23,6 +23,10 @@ REPO = Path(__file__).resolve().parents[2]
 SOURCES = ("campaign", "stages", "executors", "migrations")
 # import name -> (extra that declares it, the only files that may import it, lazily)
 OPTIONAL = {"globus_compute_sdk": ("globus", {"campaign/remote.py"})}
+# import name -> the only file that may import it: what torch's GPU builds bring with them
+# (not ours to declare: a CPU build has none). That file is imported only inside a function,
+# behind an ImportError guard (test_triton_stays_behind_the_guard).
+WITH_TORCH = {"triton": "campaign/train/rotary_triton.py"}
 
 
 def _imports() -> dict[str, list[tuple[str, bool]]]:
@@ -64,6 +68,10 @@ def test_every_import_is_declared() -> None:
         names = {d.lower().replace("_", "-") for d in dists.get(module, [module])}
         if names & core:
             continue
+        if module in WITH_TORCH:
+            problems += [f"{module}: imported by {f}, only {WITH_TORCH[module]} may" for f, _ in uses
+                         if f != WITH_TORCH[module]]
+            continue
         if module in OPTIONAL:
             extra, allowed = OPTIONAL[module]
             if not names & extras.get(extra, set()):
@@ -81,3 +89,27 @@ def test_the_check_sees_the_known_imports() -> None:
     found = _imports()
     for module in ("torch", "numpy", "matplotlib", "parsl", "sqlalchemy", "pydantic", "yaml", "psutil"):
         assert module in found, module
+
+
+def test_triton_stays_behind_the_guard() -> None:
+    """rotary_triton (which imports triton at its top) is imported by rotary.load_kernels
+    alone, inside the function, under `except ImportError`: a CPU build of torch, which has
+    no Triton, must still train."""
+    found = []
+    for folder in SOURCES:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            parents = {id(c): n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
+            for node in ast.walk(tree):
+                names = [a.name for a in node.names] if isinstance(node, (ast.Import, ast.ImportFrom)) else []
+                if not any("rotary_triton" in n for n in names):
+                    continue
+                chain, up = [], parents.get(id(node))
+                while up is not None:
+                    chain.append(up)
+                    up = parents.get(id(up))
+                fn = next((c.name for c in chain if isinstance(c, ast.FunctionDef)), None)
+                guard = any(isinstance(c, ast.Try) and any(h.type is not None and "ImportError" in ast.unparse(h.type)
+                                                           for h in c.handlers) for c in chain)
+                found.append((str(path.relative_to(REPO)), fn, guard))
+    assert found == [("campaign/train/rotary.py", "load_kernels", True)]
