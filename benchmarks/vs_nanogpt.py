@@ -3,6 +3,7 @@
     python benchmarks/vs_nanogpt.py --nanogpt ~/nanoGPT                    # both shapes
     python benchmarks/vs_nanogpt.py --nanogpt ~/nanoGPT --shape gpt2-124m --steps 30
     python benchmarks/vs_nanogpt.py --nanogpt ~/nanoGPT --rehearsal        # CPU, tiny: checks the script
+    python benchmarks/vs_nanogpt.py --nanogpt ~/nanoGPT --shape 1b --only campaign --train overlap_steps=false
 
 `--nanogpt DIR` is a checkout of https://github.com/karpathy/nanoGPT (only its model.py is
 used: `GPTConfig`, `GPT`, `GPT.configure_optimizers`). Nothing of it is copied here.
@@ -70,6 +71,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=10, help="untimed steps first (compilation)")
     p.add_argument("--repeat", type=int, default=1, help="run both sides this many times, order alternating")
     p.add_argument("--rehearsal", action="store_true", help="CPU, tiny shape, fp32, no compile")
+    p.add_argument("--train", action="append", default=[], metavar="KEY=VALUE",
+                   help="repeatable: override a `train:` key of the campaign side (VALUE as JSON, "
+                        "else a string), e.g. --train overlap_steps=false")
+    p.add_argument("--only", choices=["campaign", "nanogpt"], help="run one side only (no ratio)")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="after the timed steps, profile N more steps on each side")
     p.add_argument("--profile-dir", type=Path, help="keep each side's kernel table and trace here")
@@ -174,6 +179,7 @@ def run_campaign(args: argparse.Namespace, shape: str, tokens: Path, tmp: Path) 
         "run": {"max_steps": args.warmup + args.steps + args.profile, "checkpoint_dir": str(run / "ckpt"),
                 "checkpoint_final": False, "resume": False},
     }
+    cfg["train"].update(train_overrides(args.train))
     (run / "trainer.json").write_text(json.dumps(cfg))
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "CAMPAIGN_RUN_DIR": str(run), "PYTHONPATH": path}
@@ -298,6 +304,19 @@ def summarise(name: str, shape: str, batch: int, out: dict) -> dict:
             "mem_gib": out["mem_gib"], "profile": out.get("profile")}
 
 
+def train_overrides(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            sys.exit(f"--train {item!r}: expected KEY=VALUE, e.g. overlap_steps=false")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     if args.side == "campaign-profiled":
@@ -319,20 +338,24 @@ def main(argv: list[str] | None = None) -> None:
             got: dict[str, list[dict]] = {"campaign": [], "nanogpt": []}
             for r in range(args.repeat):
                 order = ["campaign", "nanogpt"] if r % 2 == 0 else ["nanogpt", "campaign"]
+                order = [side for side in order if args.only in (None, side)]
                 for side in order:
                     out = (run_campaign(args, shape, tokens, tmp) if side == "campaign"
                            else run_nanogpt(args, shape, tokens))
                     got[side].append(summarise(side, shape, batch, out))
                     print(f"# {shape} run {r + 1} {side}: {got[side][-1]['tokens_per_s']:,.0f} tokens/s",
                           file=sys.stderr, flush=True)
-            best = {side: max(v, key=lambda x: x["tokens_per_s"]) for side, v in got.items()}
-            rows += [best["nanogpt"], best["campaign"]]
+            best = {side: max(v, key=lambda x: x["tokens_per_s"]) for side, v in got.items() if v}
+            rows += [best[side] for side in ("nanogpt", "campaign") if side in best]
+            if len(best) < 2:
+                continue
             ratios.append((shape, best["campaign"]["tokens_per_s"] / best["nanogpt"]["tokens_per_s"],
                            best["campaign"]["own_tokens_per_s"] / best["nanogpt"]["own_tokens_per_s"]))
     import torch
 
     dev = "cpu" if args.rehearsal else torch.cuda.get_device_name()
-    print(f"# device={dev} torch={torch.__version__} steps={args.steps} warmup={args.warmup} repeat={args.repeat}")
+    print(f"# device={dev} torch={torch.__version__} steps={args.steps} warmup={args.warmup} repeat={args.repeat}"
+          + (f" campaign train overrides: {' '.join(args.train)}" if args.train else ""))
     print(f"{'shape':<11}{'side':<10}{'batch':>6}{'wall(ms)':>10}{'tokens/s':>12}{'own step(ms)':>14}"
           f"{'own tok/s':>12}{'mem(GiB)':>10}")
     for r in rows:

@@ -290,8 +290,8 @@ class Reporter:
     def step(self, *, step: int, tokens: int, loss: float, step_time_s: float,
              **extra: Any) -> None:
         """Record a finished optimizer step: rank 0 appends to metrics.jsonl."""
-        with self._lock:
-            self._state["step"] = step
+        with self._lock:  # with steps overlapped the phase is the next step's already
+            self._state["step"] = max(step, self._state["step"])
         if self.rank == 0:
             row = {"step": step, "tokens": tokens, "loss": loss, "step_time_s": step_time_s}
             row.update(extra)

@@ -172,6 +172,12 @@ class TrainConfig(_Strict):
     checkpoint_async: bool | Literal["auto"] = "auto"
     """Write checkpoints in the background (DCP async_save, pinned-memory staging on CUDA):
     training stops only for the copy into CPU memory. `auto`: on CUDA, not elsewhere."""
+    overlap_steps: bool | Literal["auto"] = "auto"
+    """Queue the next step's forward and backward before reading this step's loss, so the
+    device never waits for the host between steps (the loop still reads every step's loss
+    and flags before the next update). `auto`: on CUDA, unless faults are configured (their
+    step boundaries are the host's, which overlap blurs); `true` anywhere (on CPU the order
+    of the host's work changes, nothing else)."""
     keep_last: int = Field(default=3, ge=1)
     """Complete checkpoints to keep."""
     log_every: int = Field(default=1, ge=1)

@@ -181,14 +181,46 @@ def _rescue(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFl
     return res
 
 
+@dataclass
+class _Queued:
+    """A step whose update is queued on the device and whose results the host has not read."""
+
+    step: int
+    tokens: int
+    data_position: int
+    t0: float
+    lr: float
+    mem_peak: float
+    flags: list[float]
+    got: torch.Tensor
+    """[mean loss, the reduced flags (several ranks), the gradient norm (a local one)]."""
+    ready: torch.cuda.Event | None
+    """Overlapped on CUDA: recorded after `got` was queued for the host; None: `got` is read
+    as it is, which waits for the device."""
+    grad_norm: torch.Tensor
+    local_norm: bool
+    """Whether `got` ends with the gradient norm (a DTensor's is read only when logged)."""
+    comm: CommTimer
+
+
+def overlap_steps(t: TrainConfig, device: torch.device, faults: list) -> bool:
+    return t.overlap_steps is True or (t.overlap_steps == "auto" and device.type == "cuda" and not faults)
+
+
 def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag, tr: Trainer,
           faults: Faults, saver: checkpoint.Saver, saves: list[checkpoint.Saved],
           res: rescue.Rescue | rescue.NoRescue) -> int:
+    """One step: forward and backward, then flags, clipping and the update queued, then the
+    host reads the loss (the one wait of the step), reports, and checkpoints. With
+    `overlap_steps` the read of step N comes after step N+1's forward and backward are
+    queued, still before step N+1's update: the device runs while the host reports, and a
+    non-finite loss or a stop still ends the run before anything more is updated or saved."""
     t, run = cfg.train, cfg.run
     model, optim, sampler = tr.model, tr.optim, tr.sampler
     W, A = env.world_size, t.grad_accum
     autocast = (torch.autocast(env.device.type, dtype=torch.bfloat16)
                 if use_bf16(t, env.device) and tr.autocast else contextlib.nullcontext())
+    overlap = overlap_steps(t, env.device, cfg.faults)
 
     step, tokens, step_s = 0, 0, 0.0
     meta = None
@@ -204,12 +236,61 @@ def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
             for g, base in zip(optim.param_groups, tr.sched.base_lrs):
                 g["lr"] = base * lr_factor(t, step + 1)
     res.mark(step, tokens, sampler.position)
-    rep.event("start", step, world_size=W, resumed=bool(meta), rescue=res.enabled)
+    rep.event("start", step, world_size=W, resumed=bool(meta), rescue=res.enabled, overlap_steps=overlap)
     if meta:
         rep.event("checkpoint_loaded", step, tokens=tokens,
                   path=os.path.join(run.checkpoint_dir, report.checkpoint_name(step)))
 
     tokens_per_step = sampler.samples_per_step * sampler.seq_len
+    queued: _Queued | None = None
+    host_free = 0.0  # perf_counter when the host last finished a step (its report, its save)
+
+    def finish(q: _Queued) -> int | None:
+        """Read step q.step's results, report, checkpoint. An exit code ends the run."""
+        nonlocal step_s, host_free
+        if q.ready is not None:
+            q.ready.synchronize()  # step q.step only: the next step's work stays queued
+            got = q.got.tolist()
+        else:
+            got = q.got.tolist()  # one read waits for the collectives (still phase "collective")
+            _sync(env.device)
+        loss_val = got[0]
+        term_any, deadline_any = (got[1] > 0, got[2] > 0) if W > 1 else (q.flags[0] > 0, q.flags[1] > 0)
+        if not math.isfinite(loss_val):
+            rep.event("nonfinite_loss", q.step, loss=loss_val)
+            return report.EXIT_NONFINITE
+        if not overlap:
+            rep.phase("compute", q.step)
+        res.mark(q.step, q.tokens, q.data_position)
+        # From the step's start or, overlapped, from when the host was done with the step
+        # before (its device work ran on meanwhile): the device's time for this step.
+        step_s = time.perf_counter() - max(q.t0, host_free)
+        final = q.step >= run.max_steps or (run.max_tokens is not None and q.tokens >= run.max_tokens)
+        if q.step % t.log_every == 0 or final or term_any or deadline_any:
+            tps = tokens_per_step / step_s
+            rep.step(step=q.step, tokens=q.tokens, loss=loss_val, step_time_s=step_s, lr=q.lr,
+                     tokens_per_s=tps, mfu=flops.mfu(tr.flops_per_token, tps / W, tr.device_name),
+                     comm_time_s=q.comm.pop(), mem_peak_gib=q.mem_peak,
+                     grad_norm=got[-1] if q.local_norm else _float(q.grad_norm),
+                     time=time.time())
+        if term_any:
+            _drain(saver, rep, q.step)
+            return report.EXIT_SIGTERM
+        if ((final and run.checkpoint_final) or deadline_any or q.step in run.checkpoint_at
+                or (t.checkpoint_every and q.step % t.checkpoint_every == 0)):
+            rep.phase("checkpoint", q.step)
+            saver.save(step=q.step, tokens=q.tokens, data_position=q.data_position, model=model,
+                       optim=optim, sched=tr.sched)
+            if overlap:  # back in the next step, whose update comes next
+                rep.phase("collective", step)
+        saver.poll()
+        if deadline_any:
+            _drain(saver, rep, q.step)
+            rep.event("deadline", q.step, deadline_unix=run.deadline_unix)
+            return report.EXIT_SIGTERM
+        host_free = time.perf_counter()
+        return None
+
     while step < run.max_steps and (run.max_tokens is None or tokens < run.max_tokens):
         step += 1
         t0 = time.perf_counter()
@@ -234,6 +315,11 @@ def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
         if faults.nonfinite(step):
             loss_sum = loss_sum * float("nan")
+        comm = tr.comm.cut()
+        if queued is not None:  # overlapped: the step before, read while this one's backward runs
+            if (code := finish(queued)) is not None:
+                return code
+            queued = None
         # With several ranks one small collective carries the loss and every rank's stop
         # requests. Margin: 2 x the last save time (2 s assumed before the first save) + 2 step times.
         last_save_s = saves[-1].seconds if saves else 2.0
@@ -264,44 +350,25 @@ def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
         # Host-side work that needs no result, done while the device still computes: the
         # allocator's peak already counts this step (allocations are made when launched).
         mem_peak = mem_peak_gib(env.device)
-        # One read waits for the collectives (still phase "collective"); the mean in float32,
-        # as before, and the gradient norm in the same copy (a DTensor's needs a collective:
-        # read only when logged, below).
+        # The mean in float32, as before, and the gradient norm in the same copy (a DTensor's
+        # needs a collective: read only when logged).
         local_norm = not hasattr(grad_norm, "full_tensor")
-        got = torch.cat([vec / W, grad_norm.float().view(1)] if local_norm else [vec / W]).tolist()
-        loss_val = got[0]
-        term_any, deadline_any = (got[1] > 0, got[2] > 0) if W > 1 else (flags[0] > 0, flags[1] > 0)
-        if not math.isfinite(loss_val):
-            rep.event("nonfinite_loss", step, loss=loss_val)
-            return report.EXIT_NONFINITE
-        rep.phase("compute", step)
+        got = torch.cat([vec / W, grad_norm.float().view(1)] if local_norm else [vec / W])
+        ready = None
+        if overlap and env.device.type == "cuda":
+            got = got.to("cpu", non_blocking=True)  # into pinned memory, in stream order
+            ready = torch.cuda.Event()
+            ready.record()
         sampler.advance()
         tokens += tokens_per_step
-        _sync(env.device)
-        res.mark(step, tokens, sampler.position)
-        step_s = time.perf_counter() - t0
-        final = step >= run.max_steps or (run.max_tokens is not None and tokens >= run.max_tokens)
-        if step % t.log_every == 0 or final or term_any or deadline_any:
-            tps = tokens_per_step / step_s
-            rep.step(step=step, tokens=tokens, loss=loss_val, step_time_s=step_s, lr=lr,
-                     tokens_per_s=tps, mfu=flops.mfu(tr.flops_per_token, tps / W, tr.device_name),
-                     comm_time_s=tr.comm.pop(), mem_peak_gib=mem_peak,
-                     grad_norm=got[-1] if local_norm else _float(grad_norm), time=time.time())
-        else:
-            tr.comm.pop()
-        if term_any:
-            _drain(saver, rep, step)
-            return report.EXIT_SIGTERM
-        if ((final and run.checkpoint_final) or deadline_any or step in run.checkpoint_at
-                or (t.checkpoint_every and step % t.checkpoint_every == 0)):
-            rep.phase("checkpoint", step)
-            saver.save(step=step, tokens=tokens, data_position=sampler.position, model=model,
-                       optim=optim, sched=tr.sched)
-        saver.poll()
-        if deadline_any:
-            _drain(saver, rep, step)
-            rep.event("deadline", step, deadline_unix=run.deadline_unix)
-            return report.EXIT_SIGTERM
+        queued = _Queued(step, tokens, sampler.position, t0, lr, mem_peak, flags, got, ready,
+                         grad_norm, local_norm, comm)
+        if not overlap:
+            if (code := finish(queued)) is not None:
+                return code
+            queued = None
+    if queued is not None and (code := finish(queued)) is not None:
+        return code
     _drain(saver, rep, step)
     rep.event("done", step, tokens=tokens)
     return report.EXIT_OK

@@ -50,6 +50,16 @@ class CommTimer:
         self.host_s, self.works = 0.0, []
         return total
 
+    def cut(self) -> CommTimer:
+        """What was recorded since the last cut, as a timer of its own, and this one from
+        zero: with steps overlapped the next step's buckets are launched before this step's
+        durations can be read (an NCCL duration needs its work finished), so each step's
+        works are set aside when its backward is done and read (`pop()`) with its loss."""
+        snap = CommTimer()
+        snap.enabled, snap.host_s, snap.works = self.enabled, self.host_s, self.works
+        self.host_s, self.works = 0.0, []
+        return snap
+
 
 def _timed_allreduce_hook(timer, bucket):  # no annotations: DDP checks them as real types
     buf = bucket.buffer()
