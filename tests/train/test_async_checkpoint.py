@@ -6,7 +6,6 @@ in flight."""
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
 
@@ -63,10 +62,7 @@ def test_kill_9_during_an_async_save_leaves_it_incomplete(launch, tmp_path, refe
 def test_sigterm_waits_for_the_save_in_flight(launch, tmp_path):
     ck = tmp_path / "ck"
     run = launch(tiny_config(ck, train={**ASYNC, "checkpoint_every": 1}, run={"max_steps": 10**6}))
-    deadline = time.monotonic() + 120
-    while not run.metrics() or run.metrics()[-1]["step"] < 5:
-        assert time.monotonic() < deadline and all(p.poll() is None for p in run.procs), run.logs()
-        time.sleep(0.05)
+    run.wait_for_step(5)
     for rank in (0, 1):
         run.send(rank, signal.SIGTERM)
     assert run.wait() == [143, 143], run.logs()

@@ -8,7 +8,6 @@ CUDA in benchmarks/vs_nanogpt.py."""
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
 import torch
@@ -89,10 +88,7 @@ def test_a_nonfinite_loss_ends_an_overlapped_run_before_the_next_update(launch, 
 def test_sigterm_stops_an_overlapped_run_at_a_step_it_reported(launch, tmp_path):
     ck = tmp_path / "ck"
     run = launch(tiny_config(ck, train={**OVERLAP, "checkpoint_every": 3}, run={"max_steps": 10**6}))
-    deadline = time.monotonic() + 120
-    while not run.metrics() or run.metrics()[-1]["step"] < 7:
-        assert time.monotonic() < deadline and all(p.poll() is None for p in run.procs), run.logs()
-        time.sleep(0.05)
+    run.wait_for_step(7)
     for rank in (0, 1):
         run.send(rank, signal.SIGTERM)
     assert run.wait() == [report.EXIT_SIGTERM] * 2, run.logs()

@@ -73,6 +73,13 @@ class Launch:
     def metrics(self) -> list[dict]:
         return report.read_metrics(self.run_dir)[0]
 
+    def wait_for_step(self, step: int, timeout: float = 120) -> None:
+        """Until rank 0 has reported `step`; fails if a rank exits first or time runs out."""
+        deadline = time.monotonic() + timeout
+        while not self.metrics() or self.metrics()[-1]["step"] < step:
+            assert time.monotonic() < deadline and all(p.poll() is None for p in self.procs), self.logs()
+            time.sleep(0.05)
+
     def losses(self) -> dict[int, float]:
         return {row["step"]: row["loss"] for row in self.metrics()}
 
