@@ -145,8 +145,11 @@ class Saver:
 
     def save(self, *, step: int, tokens: int, data_position: int, model, optim, sched) -> None:
         """Start a save of the current state (sync: finish it); waits for the previous one.
-        The device must have finished the step (the loop synchronizes after every step): the
-        staging copy runs on a stream of its own that does not wait for the compute stream."""
+        The device must have finished the step (the loop waits for each step before it saves
+        it): the staging copy runs on a stream of its own that does not wait for the compute
+        stream. With overlapped steps the next step's forward and backward may run there
+        meanwhile; they change no saved state (parameters and optimizer state change only in
+        the update, which waits for the copy: `before_update`)."""
         self.wait()
         t0 = time.perf_counter()
         rank = dist.get_rank()

@@ -62,15 +62,23 @@ def test_overlapped_checkpoints_resume_exactly(launch, tmp_path, reference_30):
 
 @pytest.mark.slow
 def test_fsdp2_overlapped_matches_fsdp2_sequential(launch, tmp_path):
-    """FSDP2's gradient norm is a DTensor: read when logged, not in the step's one copy."""
-    fsdp = {"parallelism": "fsdp"}
+    """FSDP2's gradient norm is a DTensor: read when logged, not in the step's one copy; its
+    sharded state is saved while the next step's backward has run, and resumes exactly."""
+    fsdp = {"parallelism": "fsdp", "checkpoint_every": 4}
     seq = launch(tiny_config(tmp_path / "ck-seq", train=fsdp, run={"max_steps": 8}), name="seq")
     assert seq.wait() == [0, 0], seq.logs()
-    ovl = launch(tiny_config(tmp_path / "ck-ovl", train={**fsdp, **OVERLAP}, run={"max_steps": 8}),
-                 name="ovl")
+    ck = tmp_path / "ck-ovl"
+    ovl = launch(tiny_config(ck, train={**fsdp, **OVERLAP}, run={"max_steps": 8}), name="ovl")
     assert ovl.wait() == [0, 0], ovl.logs()
     assert ovl.losses() == seq.losses() and len(seq.losses()) == 8
     assert [r["grad_norm"] for r in ovl.metrics()] == [r["grad_norm"] for r in seq.metrics()]
+    assert _complete(ck) == [4, 8]
+    (ck / report.checkpoint_name(8) / report.COMPLETE_MARKER).unlink()  # resume from step 4
+    again = launch(tiny_config(ck, train={**fsdp, **OVERLAP}, run={"max_steps": 8, "attempt": 2}),
+                   name="again", attempt=2)
+    assert again.wait() == [0, 0], again.logs()
+    assert [e["step"] for e in again.events() if e["event"] == "checkpoint_loaded"] == [4]
+    assert again.losses() == {s: seq.losses()[s] for s in range(5, 9)}
 
 
 @pytest.mark.slow
