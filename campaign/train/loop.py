@@ -135,8 +135,9 @@ def _no_sync(model: torch.nn.Module, sync: bool):
     return contextlib.nullcontext()
 
 
-def _float(x) -> float:
-    return float(x.full_tensor() if hasattr(x, "full_tensor") else x)
+def _sharded(x) -> bool:
+    """A DTensor (FSDP2): reading it needs a collective."""
+    return hasattr(x, "full_tensor")
 
 
 def train(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag) -> int:
@@ -198,8 +199,7 @@ class _Queued:
     """Overlapped on CUDA: recorded after `got` was queued for the host; None: `got` is read
     as it is, which waits for the device."""
     grad_norm: torch.Tensor
-    local_norm: bool
-    """Whether `got` ends with the gradient norm (a DTensor's is read only when logged)."""
+    """A sharded one (FSDP2) is not in `got`: it needs a collective, read only when logged."""
     comm: CommTimer
 
 
@@ -250,9 +250,8 @@ def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
         nonlocal step_s, host_free
         if q.ready is not None:
             q.ready.synchronize()  # step q.step only: the next step's work stays queued
-            got = q.got.tolist()
-        else:
-            got = q.got.tolist()  # one read waits for the collectives (still phase "collective")
+        got = q.got.tolist()  # sequential: this read waits for the collectives (phase "collective")
+        if q.ready is None:
             _sync(env.device)
         loss_val = got[0]
         term_any, deadline_any = (got[1] > 0, got[2] > 0) if W > 1 else (q.flags[0] > 0, q.flags[1] > 0)
@@ -271,7 +270,7 @@ def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
             rep.step(step=q.step, tokens=q.tokens, loss=loss_val, step_time_s=step_s, lr=q.lr,
                      tokens_per_s=tps, mfu=flops.mfu(tr.flops_per_token, tps / W, tr.device_name),
                      comm_time_s=q.comm.pop(), mem_peak_gib=q.mem_peak,
-                     grad_norm=got[-1] if q.local_norm else _float(q.grad_norm),
+                     grad_norm=float(q.grad_norm.full_tensor()) if _sharded(q.grad_norm) else got[-1],
                      time=time.time())
         if term_any:
             _drain(saver, rep, q.step)
@@ -281,8 +280,6 @@ def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
             rep.phase("checkpoint", q.step)
             saver.save(step=q.step, tokens=q.tokens, data_position=q.data_position, model=model,
                        optim=optim, sched=tr.sched)
-            if overlap:  # back in the next step, whose update comes next
-                rep.phase("collective", step)
         saver.poll()
         if deadline_any:
             _drain(saver, rep, q.step)
@@ -320,6 +317,7 @@ def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
             if (code := finish(queued)) is not None:
                 return code
             queued = None
+            rep.phase("collective", step)  # back in this step (a save moved it): its all-reduce, update
         # With several ranks one small collective carries the loss and every rank's stop
         # requests. Margin: 2 x the last save time (2 s assumed before the first save) + 2 step times.
         last_save_s = saves[-1].seconds if saves else 2.0
@@ -352,8 +350,7 @@ def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
         mem_peak = mem_peak_gib(env.device)
         # The mean in float32, as before, and the gradient norm in the same copy (a DTensor's
         # needs a collective: read only when logged).
-        local_norm = not hasattr(grad_norm, "full_tensor")
-        got = torch.cat([vec / W, grad_norm.float().view(1)] if local_norm else [vec / W])
+        got = torch.cat([vec / W] if _sharded(grad_norm) else [vec / W, grad_norm.float().view(1)])
         ready = None
         if overlap and env.device.type == "cuda":
             got = got.to("cpu", non_blocking=True)  # into pinned memory, in stream order
@@ -362,7 +359,7 @@ def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
         sampler.advance()
         tokens += tokens_per_step
         queued = _Queued(step, tokens, sampler.position, t0, lr, mem_peak, flags, got, ready,
-                         grad_norm, local_norm, comm)
+                         grad_norm, comm)
         if not overlap:
             if (code := finish(queued)) is not None:
                 return code
