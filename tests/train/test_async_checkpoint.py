@@ -5,38 +5,22 @@ in flight."""
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 
 from campaign import report
-from train_helpers import tiny_config
+from train_helpers import complete_steps, save_twice_then_resume, tiny_config
 
 pytestmark = pytest.mark.slow
 
 ASYNC = {"checkpoint_async": True}
 
 
-def _complete(ck) -> list[int]:
-    return [c["step"] for c in report.list_checkpoints(ck) if c["complete"]]
-
-
 def test_async_save_then_resume_is_exact(launch, tmp_path, reference_30):
-    ck = tmp_path / "ck"
-    first = launch(tiny_config(ck, train={**ASYNC, "checkpoint_every": 10}, run={"max_steps": 20}),
-                   name="a1")
-    assert first.wait() == [0, 0], first.logs()
+    first, _ = save_twice_then_resume(launch, tmp_path / "ck", ASYNC, reference_30)
     saved = [e for e in first.events() if e["event"] == "checkpoint_saved"]
     assert [e["step"] for e in saved] == [10, 20]
     assert all(e["asynchronous"] and 0 <= e["stall_s"] for e in saved)
     assert first.events()[-1]["event"] == "done"  # the final save was waited for
-    assert _complete(ck) == [10, 20]
-
-    second = launch(tiny_config(ck, train=ASYNC, run={"max_steps": 30, "attempt": 2}), name="a2",
-                    attempt=2)
-    assert second.wait() == [0, 0], second.logs()
-    assert [e["step"] for e in second.events() if e["event"] == "checkpoint_loaded"] == [20]
-    assert second.losses() == {s: reference_30[s] for s in range(21, 31)}
 
 
 def test_kill_9_during_an_async_save_leaves_it_incomplete(launch, tmp_path, reference_30):
@@ -48,7 +32,7 @@ def test_kill_9_during_an_async_save_leaves_it_incomplete(launch, tmp_path, refe
     assert codes[1] == -9, first.logs()
     assert codes[0] != 0
     assert (ck / report.checkpoint_name(20)).is_dir()  # begun, never completed
-    assert _complete(ck) == [10]
+    assert complete_steps(ck) == [10]
     assert not (ck / report.checkpoint_name(20) / report.META_FILE).exists()
 
     cfg["run"]["attempt"] = 2
@@ -56,16 +40,13 @@ def test_kill_9_during_an_async_save_leaves_it_incomplete(launch, tmp_path, refe
     assert second.wait() == [0, 0], second.logs()
     assert [e["step"] for e in second.events() if e["event"] == "checkpoint_loaded"] == [10]
     assert second.losses() == {s: reference_30[s] for s in range(11, 31)}
-    assert _complete(ck)[-1] == 30
+    assert complete_steps(ck)[-1] == 30
 
 
 def test_sigterm_waits_for_the_save_in_flight(launch, tmp_path):
     ck = tmp_path / "ck"
     run = launch(tiny_config(ck, train={**ASYNC, "checkpoint_every": 1}, run={"max_steps": 10**6}))
-    run.wait_for_step(5)
-    for rank in (0, 1):
-        run.send(rank, signal.SIGTERM)
-    assert run.wait() == [143, 143], run.logs()
+    assert run.terminate_after(5) == [143, 143], run.logs()
     last = run.metrics()[-1]["step"]
     cks = report.list_checkpoints(ck)
     assert all(c["complete"] for c in cks), cks  # nothing left half-written

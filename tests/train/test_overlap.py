@@ -7,21 +7,15 @@ CUDA in benchmarks/vs_nanogpt.py."""
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 import torch
 
 from campaign import report
 from campaign.train.config import TrainConfig
 from campaign.train.loop import overlap_steps
-from train_helpers import tiny_config
+from train_helpers import complete_steps, save_twice_then_resume, tiny_config
 
 OVERLAP = {"overlap_steps": True}
-
-
-def _complete(ck) -> list[int]:
-    return [c["step"] for c in report.list_checkpoints(ck) if c["complete"]]
 
 
 def test_auto_overlaps_on_cuda_without_faults_only():
@@ -48,16 +42,7 @@ def test_overlapped_steps_lose_exactly_what_sequential_ones_do(launch, tmp_path,
 
 @pytest.mark.slow
 def test_overlapped_checkpoints_resume_exactly(launch, tmp_path, reference_30):
-    ck = tmp_path / "ck"
-    first = launch(tiny_config(ck, train={**OVERLAP, "checkpoint_every": 10}, run={"max_steps": 20}),
-                   name="a1")
-    assert first.wait() == [0, 0], first.logs()
-    assert _complete(ck) == [10, 20]
-    second = launch(tiny_config(ck, train=OVERLAP, run={"max_steps": 30, "attempt": 2}), name="a2",
-                    attempt=2)
-    assert second.wait() == [0, 0], second.logs()
-    assert [e["step"] for e in second.events() if e["event"] == "checkpoint_loaded"] == [20]
-    assert second.losses() == {s: reference_30[s] for s in range(21, 31)}
+    save_twice_then_resume(launch, tmp_path / "ck", OVERLAP, reference_30)
 
 
 @pytest.mark.slow
@@ -72,7 +57,7 @@ def test_fsdp2_overlapped_matches_fsdp2_sequential(launch, tmp_path):
     assert ovl.wait() == [0, 0], ovl.logs()
     assert ovl.losses() == seq.losses() and len(seq.losses()) == 8
     assert [r["grad_norm"] for r in ovl.metrics()] == [r["grad_norm"] for r in seq.metrics()]
-    assert _complete(ck) == [4, 8]
+    assert complete_steps(ck) == [4, 8]
     (ck / report.checkpoint_name(8) / report.COMPLETE_MARKER).unlink()  # resume from step 4
     again = launch(tiny_config(ck, train={**fsdp, **OVERLAP}, run={"max_steps": 8, "attempt": 2}),
                    name="again", attempt=2)
@@ -89,21 +74,18 @@ def test_a_nonfinite_loss_ends_an_overlapped_run_before_the_next_update(launch, 
     assert run.wait() == [report.EXIT_NONFINITE] * 2, run.logs()
     assert [(e["event"], e["step"]) for e in run.events()][-1] == ("nonfinite_loss", 5)
     assert max(run.losses()) == 4
-    assert _complete(ck)[-1] == 4  # the poisoned step was never saved
+    assert complete_steps(ck)[-1] == 4  # the poisoned step was never saved
 
 
 @pytest.mark.slow
 def test_sigterm_stops_an_overlapped_run_at_a_step_it_reported(launch, tmp_path):
     ck = tmp_path / "ck"
     run = launch(tiny_config(ck, train={**OVERLAP, "checkpoint_every": 3}, run={"max_steps": 10**6}))
-    run.wait_for_step(7)
-    for rank in (0, 1):
-        run.send(rank, signal.SIGTERM)
-    assert run.wait() == [report.EXIT_SIGTERM] * 2, run.logs()
+    assert run.terminate_after(7) == [report.EXIT_SIGTERM] * 2, run.logs()
     last = run.metrics()[-1]["step"]
     assert [r["step"] for r in run.metrics()] == list(range(1, last + 1))
     assert all(c["complete"] for c in report.list_checkpoints(ck))
-    assert _complete(ck)[-1] == (last - 1) // 3 * 3  # the stop's own step is not saved
+    assert complete_steps(ck)[-1] == (last - 1) // 3 * 3  # the stop's own step is not saved
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the H200)")
@@ -123,4 +105,4 @@ def test_on_cuda_overlapped_steps_lose_exactly_what_sequential_ones_do(launch, t
     assert runs[True].losses() == runs[False].losses()
     assert ([r["grad_norm"] for r in runs[True].metrics()]
             == [r["grad_norm"] for r in runs[False].metrics()])
-    assert _complete(tmp_path / "ck-True") == _complete(tmp_path / "ck-False") == [4, 8, 12]
+    assert complete_steps(tmp_path / "ck-True") == complete_steps(tmp_path / "ck-False") == [4, 8, 12]

@@ -24,6 +24,27 @@ sys.path.insert(0, str(REPO))
 from campaign import report  # noqa: E402
 
 
+def complete_steps(checkpoint_dir: Path) -> list[int]:
+    """Steps of the complete checkpoints under `checkpoint_dir`, oldest first."""
+    return [c["step"] for c in report.list_checkpoints(checkpoint_dir) if c["complete"]]
+
+
+def save_twice_then_resume(launch, checkpoint_dir: Path, train: dict, reference_30: dict[int, float]):
+    """20 steps saving every 10, then attempt 2 to step 30 under the same `train` settings:
+    checks that it resumed from step 20 and trained steps 21-30 as the uninterrupted
+    reference did. Returns both launches."""
+    first = launch(tiny_config(checkpoint_dir, train={**train, "checkpoint_every": 10}, run={"max_steps": 20}),
+                   name="a1")
+    assert first.wait() == [0, 0], first.logs()
+    assert complete_steps(checkpoint_dir) == [10, 20]
+    second = launch(tiny_config(checkpoint_dir, train=train, run={"max_steps": 30, "attempt": 2}), name="a2",
+                    attempt=2)
+    assert second.wait() == [0, 0], second.logs()
+    assert [e["step"] for e in second.events() if e["event"] == "checkpoint_loaded"] == [20]
+    assert second.losses() == {s: reference_30[s] for s in range(21, 31)}
+    return first, second
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -79,6 +100,13 @@ class Launch:
         while not self.metrics() or self.metrics()[-1]["step"] < step:
             assert time.monotonic() < deadline and all(p.poll() is None for p in self.procs), self.logs()
             time.sleep(0.05)
+
+    def terminate_after(self, step: int) -> list[int]:
+        """Once rank 0 has reported `step`, SIGTERM every rank; their exit codes."""
+        self.wait_for_step(step)
+        for rank in range(len(self.procs)):
+            self.send(rank, signal.SIGTERM)
+        return self.wait()
 
     def losses(self) -> dict[int, float]:
         return {row["step"]: row["loss"] for row in self.metrics()}
