@@ -29,17 +29,39 @@ def default_url(workdir: str | Path) -> str:
     return os.environ.get("CAMPAIGN_DB_URL") or f"sqlite:///{Path(workdir).resolve() / 'ledger.db'}"
 
 
+BUSY_S = 10.0
+"""How long a SQLite connection waits for another's lock before it says 'database is locked'."""
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
+    # A reader that meets a checkpointing writer waits instead of failing at once.
+    cur.execute(f"PRAGMA busy_timeout={int(BUSY_S * 1000)}")
     # WAL: readers (`campaign status`) never block the single writer (the driver).
-    cur.execute("PRAGMA journal_mode=WAL")
+    _enter_wal(cur)
     # Foreign keys are off by default in SQLite; the schema relies on them for cascades.
     cur.execute("PRAGMA foreign_keys=ON")
-    # A reader that meets a checkpointing writer waits instead of failing at once.
-    cur.execute("PRAGMA busy_timeout=10000")
     # WAL with NORMAL survives a process crash (not a power loss) and is much faster.
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.close()
+
+
+def _enter_wal(cur: Any) -> None:
+    """`PRAGMA journal_mode=WAL`, waiting out another connection's write lock. A database not
+    yet in WAL (a new ledger) is switched under a read lock raised to a write lock, and SQLite
+    does not call the busy handler for that raise (it could deadlock): it fails at once with
+    'database is locked'. Two drivers opening a new ledger together met that; so the switch
+    is tried again, with backoff, for as long as the busy timeout would have waited."""
+    deadline, delay = time.monotonic() + BUSY_S, 0.005
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except Exception as e:  # the DBAPI's OperationalError
+            if "database is locked" not in str(e).lower() or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.25)
 
 
 def make_engine(url: str) -> sa.Engine:

@@ -7,6 +7,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import sqlite3
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from alembic.script import ScriptDirectory
 from campaign import goodput
 from campaign.errors import LedgerError, SchemaOutOfDate
 from campaign.ledger import Ledger, open_ledger, reads, schema, writes
+from campaign.ledger import db as ledger_db
 from campaign.ledger.db import make_engine
 from campaign.ledger.models import Attempt, Base, StepMetric, utcnow
 
@@ -98,6 +102,54 @@ def test_sqlite_ledger_uses_wal_and_foreign_keys(tmp_path: Path) -> None:
     finally:
         led.close()
     assert (tmp_path / "deep" / "dir" / "ledger.db").exists()
+
+
+def _hold_write_lock(path: Path, seconds: float) -> threading.Thread:
+    """Another process's write lock on a database not yet in WAL: a plain sqlite3 connection
+    in rollback-journal mode inside BEGIN IMMEDIATE for `seconds` (returns once it holds it)."""
+    held = threading.Event()
+
+    def hold() -> None:
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("CREATE TABLE other (a)")
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("INSERT INTO other VALUES (1)")
+        held.set()
+        time.sleep(seconds)
+        other.execute("COMMIT")
+        other.close()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert held.wait(10)
+    return thread
+
+
+def test_a_new_ledger_waits_for_another_connections_write_lock(tmp_path: Path) -> None:
+    """Two drivers opening a new ledger together (CI, 2026-12-04): one's switch to WAL met the
+    other's write lock and failed at once with 'database is locked', because SQLite does not
+    call the busy handler when it raises a read lock to a write lock. It waits now."""
+    path = tmp_path / "ledger.db"
+    holder = _hold_write_lock(path, 0.5)
+    engine = make_engine(f"sqlite:///{path}")
+    try:
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert conn.exec_driver_sql("SELECT a FROM other").scalar() == 1, "the other's write was kept"
+    finally:
+        engine.dispose()
+        holder.join()
+
+
+def test_a_write_lock_held_past_the_busy_timeout_is_a_ledger_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ledger_db, "BUSY_S", 0.2)
+    path = tmp_path / "ledger.db"
+    holder = _hold_write_lock(path, 1.5)
+    try:
+        with pytest.raises(LedgerError, match=r"cannot open the ledger at sqlite:///.*ledger\.db: database is locked"):
+            open_ledger(f"sqlite:///{path}")
+    finally:
+        holder.join()
 
 
 def test_reopen_keeps_the_data(ledger_url: str) -> None:
