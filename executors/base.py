@@ -21,6 +21,7 @@ Words (Parsl's): a *block* is one scheduler job; its nodes are the *allocation*;
 
 from __future__ import annotations
 
+import shutil
 import sys
 from abc import abstractmethod
 from dataclasses import dataclass, field
@@ -34,6 +35,17 @@ if TYPE_CHECKING:
 
 LABEL = "campaign"
 """The label of every site's Parsl executor: the engine runs its supervisor app there."""
+
+
+def parsl_scripts_dir() -> Path:
+    """Where Parsl's `interchange.py` and `process_worker_pool.py` live: next to this
+    interpreter (a venv, even one not activated), else wherever PATH finds them (e.g. an
+    install with `pip --target DIR`, whose scripts land in DIR/bin)."""
+    bindir = Path(sys.executable).parent
+    if (bindir / "interchange.py").exists():
+        return bindir
+    found = shutil.which("interchange.py")
+    return Path(found).parent if found else bindir
 
 
 def interchange_command(bindir: Path) -> list[str]:

@@ -18,7 +18,6 @@ import re
 import shlex
 import string
 from abc import abstractmethod
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, field_validator
 
 from campaign.errors import SiteError
-from campaign.executors.base import LABEL, Site, interchange_command
+from campaign.executors.base import LABEL, Site, interchange_command, parsl_scripts_dir
 
 if TYPE_CHECKING:
     from parsl.config import Config
@@ -131,10 +130,10 @@ class BatchSite(Site):
 
 
 def full_worker_init(site: BatchSite) -> str:
-    """This interpreter's bin dir on PATH (so `process_worker_pool.py` is found in a job
-    that does not inherit the environment), the site's TMPDIR, then the user's
-    `worker_init`, which wins."""
-    lines = [f"export PATH={Path(sys.executable).parent}:$PATH",
+    """Parsl's scripts' folder on PATH (so `process_worker_pool.py` is found in a job that
+    does not inherit the environment; `parsl_scripts_dir`), the site's TMPDIR, then the
+    user's `worker_init`, which wins."""
+    lines = [f"export PATH={parsl_scripts_dir()}:$PATH",
              f"export TMPDIR={shlex.quote(site.tmpdir)}" if site.tmpdir else "", site.worker_init.strip()]
     return "\n".join(x for x in lines if x)
 
@@ -161,7 +160,7 @@ def executor(site: BatchSite, provider: ExecutionProvider, *, resolve: bool = Tr
     """The one-worker HighThroughputExecutor every batch site uses."""
     from parsl.executors import HighThroughputExecutor
 
-    bindir = Path(sys.executable).parent
+    bindir = parsl_scripts_dir()
     address = worker_address(site, resolve=resolve)
     kwargs: dict[str, Any] = {"address": address} if address else {}
     return HighThroughputExecutor(

@@ -14,14 +14,12 @@ LocalProvider block of one worker, the same executor type the batch sites use.
 from __future__ import annotations
 
 import os
-import shutil
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from campaign.executors.base import LABEL, LaunchOptions, Site, interchange_command
+from campaign.executors.base import LABEL, LaunchOptions, Site, interchange_command, parsl_scripts_dir
 
 if TYPE_CHECKING:
     from parsl.config import Config
@@ -87,17 +85,6 @@ def gpu_wrapper(prefix: str, ranks_per_node: int) -> tuple[str, ...]:
     script = (f'i=${{CAMPAIGN_NODE#{prefix}}}; f=$((i * {ranks_per_node})); '
               f'export CUDA_VISIBLE_DEVICES=$(seq -s, $f $((f + {ranks_per_node} - 1))); exec "$@"')
     return ("bash", "-c", script, "bind_gpus")
-
-
-def parsl_scripts_dir() -> Path:
-    """Where Parsl's `interchange.py` and `process_worker_pool.py` live: next to this
-    interpreter (a venv, even one not activated), else wherever PATH finds them (e.g. an
-    install with `pip --target DIR`, whose scripts land in DIR/bin)."""
-    bindir = Path(sys.executable).parent
-    if (bindir / "interchange.py").exists():
-        return bindir
-    found = shutil.which("interchange.py")
-    return Path(found).parent if found else bindir
 
 
 def _parsl_config(run_dir: Path) -> Config:

@@ -3,6 +3,7 @@ Parsl configs they build, and the dry run (which must write nothing)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,24 @@ def test_pbs_parsl_config_is_fresh_one_block_one_worker(tmp_path: Path) -> None:
     assert "#PBS -l filesystems=home:flare" in p.scheduler_options and "place=scatter" in p.scheduler_options
     assert p.worker_init.endswith("module load frameworks")  # the user's init runs last: it wins
     assert a.strategy == "simple"  # a new block when the old one reached its walltime
+
+
+@pytest.mark.parametrize("site", [AuroraSite(account="p"), SlurmSite()], ids=["aurora", "slurm"])
+def test_batch_jobs_find_parsls_scripts_on_path_when_they_are_not_beside_the_interpreter(
+        site: Site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pip install --target DIR` puts interchange.py and process_worker_pool.py in DIR/bin, not
+    beside the interpreter: the interchange and the job's PATH use the ones PATH finds."""
+    scripts = tmp_path / "target" / "bin"
+    scripts.mkdir(parents=True)
+    for name in ("interchange.py", "process_worker_pool.py"):
+        (scripts / name).write_text("#!/bin/sh\n")
+        (scripts / name).chmod(0o755)
+    (tmp_path / "python" / "bin").mkdir(parents=True)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python" / "bin" / "python3"))
+    monkeypatch.setenv("PATH", f"{scripts}:/usr/bin:/bin")
+    exe = site.parsl_config(tmp_path).executors[0]
+    assert exe.interchange_launch_cmd[-1] == str(scripts / "interchange.py")
+    assert exe.provider.worker_init.startswith(f"export PATH={scripts}:$PATH")
 
 
 def test_cancel_jobs_registers_unknown_ids_then_cancels(monkeypatch: pytest.MonkeyPatch) -> None:
