@@ -10,7 +10,7 @@ import time
 import pytest
 
 from campaign import report
-from train_helpers import tiny_config
+from train_helpers import complete_steps, tiny_config
 
 
 def _wait_for_heartbeats(run_dir, want, timeout: float = 60) -> dict:
@@ -143,8 +143,7 @@ def test_deadline_checkpoints_and_exits_143(launch, tmp_path):
     events = run.events()
     last_step = max(run.losses())
     assert (events[-1]["event"], events[-1]["step"]) == ("deadline", last_step)
-    assert [c["step"] for c in report.list_checkpoints(tmp_path / "ck") if c["complete"]] == [
-        last_step]
+    assert complete_steps(tmp_path / "ck") == [last_step]
     assert events[-1]["time"] < events[-1]["deadline_unix"]
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from campaign import report
 from campaign.train import rescue
-from train_helpers import Launch, tiny_config
+from train_helpers import Launch, complete_steps, tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +65,7 @@ def test_after_a_peer_crashes_the_survivor_saves_the_last_step_and_the_relaunch_
     got = _ask(run, rank=0)
     assert got["saved"] and got["step"] == 7 and got["rank"] == 0, got
     assert run.wait(timeout=30)[0] == 1, "after the rescue the survivor fails as before (its peer is gone)"
-    assert [c["step"] for c in report.list_checkpoints(ck) if c["complete"]] == [5, 7]
+    assert complete_steps(ck) == [5, 7]
     meta = json.loads((ck / "step-00000007" / report.META_FILE).read_text())
     assert meta["rescue"] == {"rank": 0} and meta["world_size"] == 2 and meta["tokens"] == got["tokens"]
 

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from campaign import report
-from train_helpers import tiny_config
+from train_helpers import complete_steps, tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ def test_resume_after_sigkill_is_exact(launch, tmp_path, reference_30):
     codes = first.wait()
     assert codes[1] == -9, first.logs()
     assert codes[0] != 0
-    assert [c["step"] for c in report.list_checkpoints(ck) if c["complete"]] == [20]
+    assert complete_steps(ck) == [20]
     keep = tmp_path / "ck-copy"
     shutil.copytree(ck, keep)
 
