@@ -57,8 +57,8 @@ def _enter_wal(cur: Any) -> None:
         try:
             cur.execute("PRAGMA journal_mode=WAL")
             return
-        except Exception as e:  # the DBAPI's OperationalError
-            if "database is locked" not in str(e).lower() or time.monotonic() + delay > deadline:
+        except Exception as e:  # the DBAPI's OperationalError: 'database is locked' is transient
+            if not transient(e) or time.monotonic() + delay > deadline:
                 raise
         time.sleep(delay)
         delay = min(delay * 2, 0.25)
