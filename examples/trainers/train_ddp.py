@@ -73,4 +73,5 @@ while iter_num < args.max_iters:
         ckpt = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "iter_num": iter_num}
         torch.save(ckpt, os.path.join(args.out_dir, f"ckpt_{iter_num:06d}.pt"))
 
+dist.barrier()  # every rank done before any tears gloo down (it may abort otherwise)
 dist.destroy_process_group()
