@@ -36,6 +36,9 @@ from campaign.stages.scaling import ScalingStage
 from campaign.stages.smoke import SmokeStage
 from campaign.train.config import DataConfig, ModelConfig, TrainConfig
 
+FD_PMI_LAUNCHERS = ("mpich",)
+"""Launchers that pass PMI to each rank by an inherited file descriptor (PMI_FD): no warm start."""
+
 Site = Annotated[Union[LocalSite, AuroraSite, PolarisSite, SlurmSite], Field(discriminator="kind")]
 Stage = Annotated[
     Union[SmokeStage, LossCheckStage, ScalingStage, LongRunStage, ResumeTestStage], Field(discriminator="kind")
@@ -78,6 +81,15 @@ class CampaignSpec(StrictModel):
             counts = getattr(stage, "node_counts", None) or []
             if counts and counts[-1] > self.site.nodes:
                 raise ValueError(f"stages[{i}].node_counts: {counts[-1]} nodes asked, but the site has {self.site.nodes}")
+        return self
+
+    @model_validator(mode="after")
+    def _warm_start_fits_the_launcher(self) -> CampaignSpec:
+        if self.trainer.warm_start is True and self.site.launcher in FD_PMI_LAUNCHERS:
+            raise ValueError(f"trainer.warm_start: the {self.site.launcher!r} launcher (MPICH's Hydra mpiexec) hands "
+                             "each rank its PMI connection as an open file descriptor (PMI_FD), which a child of the "
+                             "node's fork server does not have; set warm_start: auto or false (warm start is safe "
+                             "with the local launcher, torchrun, PALS and srun --mpi=none|pmix; docs/launchers.md)")
         return self
 
     def stage(self, name: str) -> StageSpec:

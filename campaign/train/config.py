@@ -187,7 +187,10 @@ class TrainConfig(_Strict):
     imported (`campaign.train.warm`): a relaunch then skips the interpreter start and the
     import of torch (1.4 s of a 2.4 s relaunch on a small machine; far more from a shared
     filesystem at scale). `auto`: the built-in trainer with the `local` launcher (where it is
-    tested end to end); true: any launcher, and your own command if it starts with `{python}`."""
+    tested end to end); true: also PALS, srun and torchrun, and your own command if it starts
+    with `{python}`. Refused with MPICH's Hydra (`launcher: mpich`), and a rank whose launcher
+    passes PMI by descriptor (`PMI_FD`: `srun --mpi=pmi2`) starts cold: a forked child cannot
+    use the descriptor."""
     rescue: bool | Literal["auto"] = "auto"
     """After a crash or a hang, one surviving replica saves the last finished step before the
     launch is stopped, so the relaunch recomputes nothing (`campaign.train.rescue`; the

@@ -36,6 +36,7 @@ What a fork cannot give a child, and what is done instead (tested in tests/train
 - /proc/PID/environ and cmdline of a child are the server's (which holds no rank variables);
 - the hash seed is the server's (deterministic code does not care).
 `CAMPAIGN_WARM=0`, a command that is not this interpreter running `-m module` or a script,
+a launcher that passes PMI by file descriptor (`PMI_FD`: MPICH's Hydra, `srun --mpi=pmi2`),
 or a server that cannot be reached, start the command cold (exec), as without warm start.
 """
 
@@ -218,6 +219,11 @@ def client(argv: list[str]) -> int:
         _cold(argv, None)
     if _target(argv) is None:
         _cold(argv, None)
+    if os.environ.get("PMI_FD"):
+        # MPICH's Hydra and `srun --mpi=pmi2` connect each rank to PMI through an inherited
+        # descriptor; the server's child would hold a bad one (measured: EBADF).
+        _cold(argv, f"PMI_FD={os.environ['PMI_FD']}: the launcher hands PMI to this process as an open file "
+                    "descriptor (MPICH Hydra, srun --mpi=pmi2), which a child of the fork server cannot use")
     path = socket_path(server_key(sys.executable, dict(os.environ)))
     try:
         sock = _reach_server(path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -231,3 +232,29 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+FD_PROBE = """\
+import os, sys
+fd = int(os.environ["PMI_FD"])
+try:
+    os.fstat(fd)
+    print(f"rank {os.environ['PMI_RANK']}: PMI_FD {fd} open in pid {os.getpid()}", flush=True)
+except OSError as e:
+    print(f"rank {os.environ['PMI_RANK']}: PMI_FD {fd} bad ({e.strerror})", flush=True)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.skipif(not shutil.which("mpiexec.hydra"), reason="needs MPICH's Hydra mpiexec (Debian's mpich)")
+def test_a_rank_that_mpich_hands_pmi_by_descriptor_starts_cold_and_keeps_its_descriptor(tmp_path, scope):
+    # Hydra connects each rank to its proxy through an inherited descriptor (PMI_FD); a child
+    # of the fork server would hold a bad one. The client must run such a rank cold.
+    (tmp_path / "fd.py").write_text(FD_PROBE)
+    cmd = ["mpiexec.hydra", "-launcher", "fork", "-n", "2", sys.executable, "-m", "campaign.train.warm", "--",
+           sys.executable, str(tmp_path / "fd.py")]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("open in pid") == 2
+    assert done.stderr.count("PMI_FD=") == 2 and "starting cold" in done.stderr
+    assert server_of() is None

@@ -348,3 +348,16 @@ def test_every_stage_kind_names_its_own_fields_for_an_unknown_key(tmp_path: Path
         expected = (f"stages[0].timeout_z: unknown key; did you mean 'timeout_s'? (known here: {fields}) "
                     f"({path.name}, line 4)")
         assert expected in info.value.problems, kind
+
+
+def test_warm_start_true_is_refused_where_the_launcher_hands_pmi_over_by_descriptor(tmp_path: Path) -> None:
+    # MPICH's Hydra gives each rank PMI_FD, an inherited descriptor a fork server's child lacks
+    # (tests/train/test_warm.py measures it); PALS (PMIx over a socket) may warm-start.
+    text = ("name: w\nsite: {kind: aurora, account: A, launcher: %s}\ntrainer: {warm_start: true}\n"
+            "stages:\n  - kind: smoke\n")
+    (tmp_path / "hydra.yaml").write_text(text % "mpich")
+    with pytest.raises(SpecError) as err:
+        spec.load(tmp_path / "hydra.yaml")
+    assert "trainer.warm_start: the 'mpich' launcher" in str(err.value) and "PMI_FD" in str(err.value)
+    (tmp_path / "pals.yaml").write_text(text % "pals")
+    assert spec.load(tmp_path / "pals.yaml").trainer.warm_start is True
