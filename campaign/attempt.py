@@ -145,6 +145,8 @@ def build_request(site: Site, config: TrainerConfig, *, run_dir: Path, nodes: in
         "CAMPAIGN_ATTEMPT": str(config.run.attempt),
         "CAMPAIGN_TRAINER_CONFIG": str(config_path),
         "CAMPAIGN_HEARTBEAT_INTERVAL": str(HEARTBEAT_INTERVAL_S),
+        # PALS in PMIx mode (Aurora) tells a rank no world size: it is hostfile nodes x this.
+        "CAMPAIGN_RANKS_PER_NODE": str(site.ranks_per_node),
         "PYTHONUNBUFFERED": "1",
         **contract.target_environment(config, spec_dir, resume_from),
     }

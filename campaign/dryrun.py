@@ -73,8 +73,8 @@ def dry_run_document(spec: CampaignSpec, workdir: Path, spec_dir: Path | None = 
                      version: int = 1) -> dict[str, Any]:
     """`campaign submit FILE --dry-run --json`: the same facts as the text, as data. Each
     stage's `launch.placement` lists, for the first node, every local rank's CPUs, visible
-    devices and device, computed by the function the trainer itself runs at start-up
-    (`campaign.train.placement`)."""
+    devices, device, rank and the world size it computes from the variables its launcher
+    gives it, by the function the trainer itself runs at start-up (`campaign.train.placement`)."""
     from campaign.executors import launchers
     from campaign.train.placement import PlacementError, launch_placement
 
@@ -96,7 +96,7 @@ def dry_run_document(spec: CampaignSpec, workdir: Path, spec_dir: Path | None = 
         try:
             placement: list[dict[str, Any]] | dict[str, str] = launch_placement(
                 _request(spec, stage, counts[0], root / stage.label, 1, spec_dir), site.ranks_per_node, device_type,
-                per_node)
+                per_node, rank_env=site.rank_variables, nodes=counts[0])
         except PlacementError as e:
             placement = {"error": str(e)}
         stages.append({"name": stage.label, "kind": stage.kind, "node_counts": counts, "timeout_s": stage.timeout_s,

@@ -117,7 +117,8 @@ class AuroraSite(pbs.PBSSite):
 
         rows = first_node_placement(self.ranks_per_node, self.cpu_bind, self.gpu_bind, self.env,
                                     flat=self.device_hierarchy == "FLAT", device_type="xpu",
-                                    node_devices=TILES_PER_NODE if self.device_hierarchy == "FLAT" else GPUS_PER_NODE)
+                                    node_devices=TILES_PER_NODE if self.device_hierarchy == "FLAT" else GPUS_PER_NODE,
+                                    rank_env=self.rank_variables, nodes=self.nodes)
         bad = next((r for r in rows if r.get("error")), None)
         if bad:
             raise ValueError(f"site.gpu_bind: local rank {bad['local_rank']} cannot be placed "
@@ -138,6 +139,11 @@ class AuroraSite(pbs.PBSSite):
     def remote_workdir(self) -> Path | None:
         """Flare, the project's directory: ALCF says to launch jobs from there, not from home."""
         return Path(PROJECTS) / self.account / "campaigns"
+
+    @property
+    def rank_variables(self) -> str:
+        """PALS in PMIx mode on the machine (no size variable, campaign.train.placement)."""
+        return "pals-pmix" if self.launcher == "pals" else "mpich"
 
     def devices(self) -> tuple[str, int | None]:
         return "xpu", TILES_PER_NODE if self.device_hierarchy == "FLAT" else GPUS_PER_NODE

@@ -104,6 +104,12 @@ class Site(StrictModel):
         for the dry run's placement table; ("cpu", None) unless the site has accelerators."""
         return "cpu", None
 
+    @property
+    def rank_variables(self) -> str:
+        """Whose rank variables the trainer's ranks get on this site (`placement.rank_environment`):
+        what the dry run computes each rank's numbers from."""
+        return {"local": "torchrun", "srun": "srun", "mpich": "mpich"}.get(self.launcher, self.launcher)
+
     def preflight(self) -> None:
         """Check, on the driver's host and before the ledger is touched, what only this host
         can tell (e.g. that a named network interface exists); SiteError when it cannot work."""

@@ -11,12 +11,22 @@ One pure function, standard library only (the driver imports it without torch):
 |---------------|--------------------------------------|----------------------------------------------|
 | `torchrun`    | RANK, WORLD_SIZE                     | LOCAL_RANK, LOCAL_WORLD_SIZE                 |
 | `pals`        | PALS_RANKID or PMI_RANK, PALS_SIZE or PMI_SIZE | PALS_LOCAL_RANKID or PMI_LOCAL_RANK, PALS_LOCAL_SIZE or PMI_LOCAL_SIZE |
+| `pals-pmix`   | PALS_RANKID or PMIX_RANK; size: hostfile nodes x ranks per node | PALS_LOCAL_RANKID; PALS_LOCAL_SIZE or CAMPAIGN_RANKS_PER_NODE |
 | `mpich`       | PMI_RANK, PMI_SIZE                   | MPI_LOCALRANKID, MPI_LOCALNRANKS (Hydra)     |
 | `openmpi`     | OMPI_COMM_WORLD_RANK, _SIZE          | OMPI_COMM_WORLD_LOCAL_RANK, _LOCAL_SIZE      |
 | `slurm[-pmi2\\|-pmix]` | SLURM_PROCID, SLURM_STEP_NUM_TASKS or SLURM_NTASKS | SLURM_LOCALID, SLURM_STEP_TASKS_PER_NODE (by SLURM_NODEID) |
 
 Sources: ALCF's `gpu_tile_compact.sh` and affinity examples
-(https://docs.alcf.anl.gov/aurora/running-jobs-aurora/) for PALS; MPICH Hydra's
+(https://docs.alcf.anl.gov/aurora/running-jobs-aurora/) for PALS. **Aurora runs PALS with
+PMIx** (Cray PALS 1.8.0 "built ... against PMIX 4.2.9", ALCF's Aurora system updates): a rank
+there has `PMIX_RANK` and `PALS_LOCAL_RANKID` but neither `PALS_SIZE` nor `PMI_SIZE`. ALCF's
+own scripts read exactly those two (the `frameworks` binding script: `gpu_id=$((PMIX_RANK %
+${num_gpus} ))`; `gpu_tile_compact.sh` and the PyTorch DDP example: `PALS_LOCAL_RANKID`) and
+size the job as `NNODES=`wc -l < $PBS_NODEFILE`` times ranks per node (the job templates on
+the same pages; docs/sites.md quotes them). So does `pals-pmix`: the world is the nodes of
+the launch's hostfile (`CAMPAIGN_HOSTFILE`, which the supervisor writes and hands to
+`mpiexec --hostfile`; else `PBS_NODEFILE`) times the ranks per node (`PALS_LOCAL_SIZE`, else
+`CAMPAIGN_RANKS_PER_NODE`, which every launch sets). MPICH Hydra's
 `MPI_LOCALRANKID`/`MPI_LOCALNRANKS` (checked with Debian's mpich, tests/unit/test_launchers.py);
 Open MPI's mpirun(1) "Exported Environment Variables"; srun(1) "OUTPUT ENVIRONMENT VARIABLES"
 (https://slurm.schedmd.com/srun.html); torchrun
@@ -62,6 +72,10 @@ __all__ = [
     "visible_count",
 ]
 
+RANKS_PER_NODE_VAR = "CAMPAIGN_RANKS_PER_NODE"
+"""Ranks per node of the launch, set on every rank (PALS in PMIx mode gives no size)."""
+HOSTFILE_VARS = ("CAMPAIGN_HOSTFILE", "PBS_NODEFILE")
+"""Files listing the launch's nodes, one per line: the launch's own first, then the job's."""
 VISIBLE_VAR = {"cuda": "CUDA_VISIBLE_DEVICES", "xpu": "ZE_AFFINITY_MASK"}
 """The variable through which a launcher or wrapper narrows the devices a rank sees."""
 HIERARCHY_VAR = "ZE_FLAT_DEVICE_HIERARCHY"
@@ -84,7 +98,8 @@ class Placement:
     visible: int | None
     """Devices this rank sees (None: not known, nothing narrowed them)."""
     source: str
-    """Which launcher's variables gave the numbers: torchrun, pals, mpich, openmpi, slurm, slurm-pmi2, slurm-pmix, pmi, single."""
+    """Which launcher's variables gave the numbers: torchrun, pals, pals-pmix, mpich, openmpi, slurm,
+    slurm-pmi2, slurm-pmix, pmi, single."""
     device_type: str = "cpu"
 
     @property
@@ -113,7 +128,38 @@ def _tasks_on_node(spec: str, node: int) -> int:
     return counts[min(node, len(counts) - 1)]
 
 
-def _ranks(env: Mapping[str, str]) -> tuple[int, int, int | None, int | None, str]:
+def _hostfile_nodes(env: Mapping[str, str]) -> tuple[int, str] | None:
+    """(distinct nodes, variable) of the first hostfile the environment names, or None."""
+    var = _first(env, *HOSTFILE_VARS)
+    if var is None:
+        return None
+    try:
+        with open(env[var]) as f:
+            nodes = {line.split()[0] for line in f if line.strip()}
+    except OSError as e:
+        raise PlacementError(f"{var}={env[var]}: cannot read the hostfile ({e.strerror or e})") from None
+    if not nodes:
+        raise PlacementError(f"{var}={env[var]}: the hostfile lists no node")
+    return len(nodes), var
+
+
+def _pmix_world(env: Mapping[str, str], lsize: str | None, nodes: int | None) -> tuple[int, int]:
+    """(world, ranks per node) under PALS in PMIx mode, which gives no size: the launch's nodes
+    times its ranks per node, as ALCF's job scripts compute it (module docstring)."""
+    per_node_var = lsize or _first(env, RANKS_PER_NODE_VAR)
+    counted = (nodes, "the dry run") if nodes is not None else _hostfile_nodes(env)
+    if per_node_var is None or counted is None:
+        lacking = [what for what, ok in ((f"{RANKS_PER_NODE_VAR} (or PALS_LOCAL_SIZE)", per_node_var),
+                                         (" or ".join(HOSTFILE_VARS), counted)) if ok is None]
+        raise PlacementError(f"pals-pmix: PALS in PMIx mode gives no world size (no PALS_SIZE or PMI_SIZE); "
+                             f"it is nodes x ranks per node, but {' and '.join(lacking)} is not set")
+    per_node = _int(env, per_node_var)
+    if per_node < 1:
+        raise PlacementError(f"{per_node_var}={per_node}: ranks per node must be >= 1")
+    return counted[0] * per_node, per_node
+
+
+def _ranks(env: Mapping[str, str], nodes: int | None = None) -> tuple[int, int, int | None, int | None, str]:
     """(rank, world, local rank or None, local size or None, source)."""
     has = lambda *names: _first(env, *names) is not None  # noqa: E731
     if has("RANK") and has("WORLD_SIZE"):
@@ -121,11 +167,14 @@ def _ranks(env: Mapping[str, str]) -> tuple[int, int, int | None, int | None, st
         return (_int(env, "RANK"), _int(env, "WORLD_SIZE"), _int(env, loc) if loc else None,
                 _int(env, lsize) if lsize else None, "torchrun")
     if has("PALS_RANKID", "PALS_LOCAL_RANKID", "PMI_LOCAL_RANK"):
-        rank, size = _first(env, "PALS_RANKID", "PMI_RANK"), _first(env, "PALS_SIZE", "PMI_SIZE")
+        rank, size = _first(env, "PALS_RANKID", "PMI_RANK", "PMIX_RANK"), _first(env, "PALS_SIZE", "PMI_SIZE")
         loc, lsize = _first(env, "PALS_LOCAL_RANKID", "PMI_LOCAL_RANK"), _first(env, "PALS_LOCAL_SIZE", "PMI_LOCAL_SIZE")
         if rank and size:
             return (_int(env, rank), _int(env, size), _int(env, loc) if loc else None,
                     _int(env, lsize) if lsize else None, "pals")
+        if rank and loc:  # Aurora: PALS in PMIx mode
+            world, per_node = _pmix_world(env, lsize, nodes)
+            return _int(env, rank), world, _int(env, loc), per_node, "pals-pmix"
     if has("MPI_LOCALRANKID") and has("PMI_RANK") and has("PMI_SIZE"):
         lsize = _first(env, "MPI_LOCALNRANKS")
         return (_int(env, "PMI_RANK"), _int(env, "PMI_SIZE"), _int(env, "MPI_LOCALRANKID"),
@@ -204,13 +253,15 @@ def device_index(local_rank: int, local_world_size: int, visible: int | None, de
     return local_rank % visible
 
 
-def placement(env: Mapping[str, str], visible_devices: int | None = None, device_type: str = "cpu") -> Placement:
+def placement(env: Mapping[str, str], visible_devices: int | None = None, device_type: str = "cpu", *,
+              nodes: int | None = None) -> Placement:
     """This rank's placement from the launcher's variables in `env`.
 
     `visible_devices`: the runtime's device count (e.g. `torch.cuda.device_count()`) when
-    known; else the count the visibility variable implies; else unknown (None).
+    known; else the count the visibility variable implies; else unknown (None). `nodes`:
+    the launch's node count where no hostfile exists yet (the dry run); else the hostfile's.
     """
-    rank, world, local, lsize, source = _ranks(env)
+    rank, world, local, lsize, source = _ranks(env, nodes)
     if local is None:
         if world != 1:
             raise PlacementError(
@@ -251,26 +302,53 @@ def _cpu_sets(cpu_bind: str | None, depth: int | None, ranks: int) -> list[str |
     return [None] * ranks
 
 
+RANK_ENV_STYLES = ("torchrun", "pals", "pals-pmix", "mpich", "srun")
+
+
+def rank_environment(style: str, rank: int, local: int, per_node: int, world: int) -> dict[str, str]:
+    """The rank variables a launcher gives rank `rank` (local rank `local`), and no more, as its
+    documentation says (module docstring): what the dry run feeds to `placement`. `pals-pmix`
+    is Aurora's PALS: only the two variables ALCF's scripts read, and the ranks per node that
+    every launch sets; `pals` is Polaris' (Cray PMI names)."""
+    if style == "torchrun":  # also the local launcher's
+        return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local),
+                "LOCAL_WORLD_SIZE": str(per_node)}
+    if style == "pals-pmix":
+        return {"PMIX_RANK": str(rank), "PALS_LOCAL_RANKID": str(local), RANKS_PER_NODE_VAR: str(per_node)}
+    if style == "pals":
+        return {"PALS_RANKID": str(rank), "PALS_LOCAL_RANKID": str(local), "PMI_RANK": str(rank),
+                "PMI_SIZE": str(world), "PMI_LOCAL_RANK": str(local), "PMI_LOCAL_SIZE": str(per_node)}
+    if style == "mpich":
+        return {"PMI_RANK": str(rank), "PMI_SIZE": str(world), "MPI_LOCALRANKID": str(local),
+                "MPI_LOCALNRANKS": str(per_node)}
+    if style == "srun":
+        return {"SLURM_PROCID": str(rank), "SLURM_LOCALID": str(local), "SLURM_NODEID": str(rank // per_node),
+                "SLURM_STEP_NUM_TASKS": str(world), "SLURM_STEP_TASKS_PER_NODE": f"{per_node}(x{world // per_node})"}
+    raise ValueError(f"unknown rank environment {style!r}; known: {', '.join(RANK_ENV_STYLES)}")
+
+
 def first_node_placement(ranks_per_node: int, cpu_bind: str | None = None, gpu_bind: str | None = None,
                          visible_env: Mapping[str, str] | Callable[[int], Mapping[str, str]] | None = None,
                          flat: bool = True, *, depth: int | None = None, device_type: str = "xpu",
-                         node_devices: int | None = None) -> list[dict[str, Any]]:
-    """`[{local_rank, cpus, visible_devices, device}]` for the first node of a launch.
+                         node_devices: int | None = None, rank_env: str = "torchrun",
+                         nodes: int = 1) -> list[dict[str, Any]]:
+    """`[{local_rank, rank, world_size, local_world_size, cpus, visible_devices, device}]` for
+    the first node of a launch on `nodes` nodes.
 
     `cpu_bind`/`depth`: PALS `--cpu-bind` (`list:a-b:c-d...` or `depth` with `--depth`);
     `gpu_bind`: PALS `--gpu-bind=list:...` (sets ZE_AFFINITY_MASK per rank); `visible_env`:
     the variables a wrapper or the launch sets, fixed or per local rank; `flat`: Aurora's
     ZE_FLAT_DEVICE_HIERARCHY; `node_devices`: devices a node shows when nothing narrows
-    them (Aurora: 12 FLAT, 6 COMPOSITE; Polaris: 4). A rank whose device cannot be
-    decided gets `device: None` and an `error`.
+    them (Aurora: 12 FLAT, 6 COMPOSITE; Polaris: 4); `rank_env`: whose rank variables the
+    ranks get (`rank_environment`). The world size is what each rank computes from them. A
+    rank whose numbers or device cannot be decided gets `device: None` and an `error`.
     """
     cpus = _cpu_sets(cpu_bind, depth, ranks_per_node)
     binds = gpu_bind.removeprefix("list:").split(":") if gpu_bind else []
     hierarchy = "FLAT" if flat else "COMPOSITE"
     out: list[dict[str, Any]] = []
     for i in range(ranks_per_node):
-        env = {"RANK": str(i), "WORLD_SIZE": str(ranks_per_node), "LOCAL_RANK": str(i),
-               "LOCAL_WORLD_SIZE": str(ranks_per_node), HIERARCHY_VAR: hierarchy}
+        env = {**rank_environment(rank_env, i, i, ranks_per_node, nodes * ranks_per_node), HIERARCHY_VAR: hierarchy}
         extra = visible_env(i) if callable(visible_env) else (visible_env or {})
         env.update(extra)
         if binds:
@@ -284,8 +362,9 @@ def first_node_placement(ranks_per_node: int, cpu_bind: str | None = None, gpu_b
                        "(https://docs.alcf.anl.gov/aurora/running-jobs-aurora/): drop gpu_bind or use COMPOSITE")
         else:
             try:
-                p = placement(env, None if narrowed else node_devices, device_type)
-                row["device"] = p.device
+                p = placement(env, None if narrowed else node_devices, device_type, nodes=nodes)
+                row.update(rank=p.rank, world_size=p.world_size, local_world_size=p.local_world_size,
+                           rank_source=p.source, device=p.device)
             except PlacementError as e:
                 row.update(device=None, error=str(e))
         out.append(row)
@@ -293,7 +372,8 @@ def first_node_placement(ranks_per_node: int, cpu_bind: str | None = None, gpu_b
 
 
 def launch_placement(launch: Any, ranks_per_node: int, device_type: str,
-                     node_devices: int | None = None) -> list[dict[str, Any]]:
+                     node_devices: int | None = None, *, rank_env: str = "torchrun",
+                     nodes: int = 1) -> list[dict[str, Any]]:
     """`first_node_placement` from a launch's options: anything with `env`, `wrapper`,
     `cpu_bind`, `gpu_bind` and `depth` attributes (`executors.base.LaunchOptions`,
     `campaign.attempt.AttemptRequest`): what `campaign submit --dry-run` shows per local rank."""
@@ -308,4 +388,5 @@ def launch_placement(launch: Any, ranks_per_node: int, device_type: str,
         return {**env, **(wrap(i) if wrap else {})}
 
     return first_node_placement(ranks_per_node, launch.cpu_bind, launch.gpu_bind, visible, flat,
-                                depth=launch.depth, device_type=device_type, node_devices=node_devices)
+                                depth=launch.depth, device_type=device_type, node_devices=node_devices,
+                                rank_env=rank_env, nodes=nodes)

@@ -24,6 +24,11 @@ def test_aurora_places_one_tile_per_rank_under_flat(run_cli: Callable[..., Any],
     rows = launch["placement"]
     assert [r["device"] for r in rows] == [f"xpu:{i}" for i in range(12)]
     assert rows[0]["cpus"] == "1-8" and rows[6]["cpus"] == "53-60", "cores 0 and 52 stay with the OS"
+    # Each rank's numbers as it computes them from what Aurora's PALS (PMIx mode) gives it:
+    # PMIX_RANK and PALS_LOCAL_RANKID, the world from the hostfile's nodes x ranks per node.
+    nodes = doc["stages"][0]["node_counts"][0]
+    assert {(r["rank_source"], r["world_size"], r["local_world_size"]) for r in rows} == {("pals-pmix", 12 * nodes, 12)}
+    assert [r["rank"] for r in rows] == list(range(12))
     first = launch["attempts"][0]
     assert first["env"]["ZE_FLAT_DEVICE_HIERARCHY"] == "FLAT" and "--gpu-bind" not in first["command"]
     assert first["env"]["CAMPAIGN_ATTEMPT"] == "1" and doc["block"]["submit"][0].startswith("qsub")

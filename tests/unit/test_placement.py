@@ -174,9 +174,11 @@ def test_placement_module_is_standard_library_only() -> None:
 
 def test_aurora_default_is_flat_one_tile_per_local_rank() -> None:
     site = AuroraSite(account="p")
-    rows = launch_placement(site.launch_options(), site.ranks_per_node, "xpu", node_devices=12)
+    rows = launch_placement(site.launch_options(), site.ranks_per_node, "xpu", node_devices=12,
+                            rank_env=site.rank_variables, nodes=2)
     assert [r["device"] for r in rows] == [f"xpu:{i}" for i in range(12)]
-    assert rows[0] == {"local_rank": 0, "cpus": "1-8", "visible_devices": "all", "device": "xpu:0"}
+    assert rows[0] == {"local_rank": 0, "cpus": "1-8", "visible_devices": "all", "rank": 0, "world_size": 24,
+                       "local_world_size": 12, "rank_source": "pals-pmix", "device": "xpu:0"}
     assert rows[6]["cpus"] == "53-60" and all("error" not in r for r in rows)
 
 
@@ -236,3 +238,66 @@ def test_aurora_site_refuses_placements_that_cannot_work(site: str, match: str) 
     assert "site.gpu_bind" in str(err.value) or "site.env" in str(err.value)
     ok = "  device_hierarchy: COMPOSITE\n  gpu_bind: list:0.0:0.1:1.0:1.1:2.0:2.1:3.0:3.1:4.0:4.1:5.0:5.1\n"
     spec.loads(f"name: d\nsite:\n  kind: aurora\n  account: p\n{ok}stages:\n  - kind: smoke\n", "d.yaml")
+
+
+# ---- Aurora: PALS in PMIx mode -----------------------------------------------------------------------
+# What a rank of Aurora's `mpiexec` has, built from quoted facts (docs/sites.md, "Rank variables
+# on Aurora"), not from this package's code. No published `env` dump of an Aurora rank was found
+# (searched ALCF's user guides, ezpz, ALCF's example repositories), so the environment is the
+# variables ALCF's own scripts read, and no size variable:
+#   PMIX_RANK          the `frameworks` binding script: `gpu_id=$((PMIX_RANK % ${num_gpus} ))`
+#   PALS_LOCAL_RANKID  gpu_tile_compact.sh and the PyTorch DDP example (`LOCAL_RANK = os.environ.get('PALS_LOCAL_RANKID')`)
+#   PALS_APID          HPE's PALS documentation ("Unique application identifier")
+#   PMIX_NAMESPACE     PMIx's own (every PMIx client has one)
+# The job's size is `NNODES=`wc -l < $PBS_NODEFILE`` x ranks per node in ALCF's job templates.
+AURORA_HOSTS = ["x4102c5s2b0n0", "x4102c5s3b0n0"]
+
+
+def aurora_rank_env(rank: int, per_node: int, hostfile: Path, *, pals_rankid: bool = False) -> dict[str, str]:
+    env = {"PMIX_RANK": str(rank), "PALS_LOCAL_RANKID": str(rank % per_node), "PALS_APID": "7d2c1d0e-1",
+           "PMIX_NAMESPACE": "pals.5120431", "PBS_NODEFILE": "/var/spool/pbs/aux/5120431.aurora-pbs-0001",
+           "CAMPAIGN_HOSTFILE": str(hostfile), "CAMPAIGN_RANKS_PER_NODE": str(per_node),
+           "ZE_FLAT_DEVICE_HIERARCHY": "FLAT"}
+    if pals_rankid:
+        env["PALS_RANKID"] = str(rank)
+    return env
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+@pytest.mark.parametrize("pals_rankid", [False, True], ids=["pmix-rank", "pals-rankid"])
+def test_every_aurora_rank_computes_its_rank_and_the_world_from_pmix_and_the_hostfile(
+        tmp_path: Path, nodes: int, pals_rankid: bool) -> None:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{h}\n" for h in AURORA_HOSTS[:nodes]))
+    for rank in range(12 * nodes):
+        p = placement(aurora_rank_env(rank, 12, hostfile, pals_rankid=pals_rankid), 12, "xpu")
+        assert (p.rank, p.world_size, p.local_rank, p.local_world_size, p.device) == (
+            rank, 12 * nodes, rank % 12, 12, f"xpu:{rank % 12}"), rank
+        assert p.source == "pals-pmix"
+
+
+def test_an_aurora_rank_without_a_hostfile_or_ranks_per_node_says_what_is_missing(tmp_path: Path) -> None:
+    env = {k: v for k, v in aurora_rank_env(3, 12, tmp_path / "hostfile").items()
+           if k not in ("CAMPAIGN_HOSTFILE", "PBS_NODEFILE", "CAMPAIGN_RANKS_PER_NODE")}
+    with pytest.raises(PlacementError, match="no world size.*CAMPAIGN_RANKS_PER_NODE.*CAMPAIGN_HOSTFILE or PBS_NODEFILE"):
+        placement(env, 12, "xpu")
+    with pytest.raises(PlacementError, match="cannot read the hostfile"):
+        placement(aurora_rank_env(3, 12, tmp_path / "missing"), 12, "xpu")
+
+
+def test_pbs_nodefile_sizes_the_world_when_the_launch_names_no_hostfile(tmp_path: Path) -> None:
+    nodefile = tmp_path / "nodefile"
+    nodefile.write_text("".join(f"{h}\n" for h in AURORA_HOSTS))
+    env = {k: v for k, v in aurora_rank_env(13, 12, tmp_path / "unused").items() if k != "CAMPAIGN_HOSTFILE"}
+    p = placement({**env, "PBS_NODEFILE": str(nodefile)}, 12, "xpu")
+    assert (p.rank, p.world_size, p.local_rank) == (13, 24, 1)
+
+
+def test_the_launch_tells_every_rank_its_ranks_per_node(tmp_path: Path) -> None:
+    from campaign import spec
+    from campaign.dryrun import _request
+
+    s = spec.loads("name: d\nsite: {kind: aurora, account: p}\nstages:\n  - kind: smoke\n", "d.yaml")
+    request = _request(s, s.stages[0], 2, tmp_path / "smoke", 1, tmp_path)
+    assert request.env["CAMPAIGN_RANKS_PER_NODE"] == "12"
+    assert request.env["CAMPAIGN_HOSTFILE"] == str(request.hostfile)
