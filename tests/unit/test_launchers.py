@@ -307,7 +307,9 @@ def test_torchrun_really_runs(tmp_path: Path) -> None:
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "hello.py").write_text(
-        "import os\nprint('R', os.environ['RANK'], os.environ['LOCAL_RANK'], flush=True)\n")
+        # One write per rank (under PYTHONUNBUFFERED a print of three arguments is several
+        # writes, and two ranks' pieces interleaved once: "RR 0 0 / 1 1").
+        "import os, sys\nsys.stdout.write(f\"R {os.environ['RANK']} {os.environ['LOCAL_RANK']}\\n\")\n")
     # A free port (a fixed one failed once late in a CI run: exit 0, no rank output), and
     # an environment without another launcher's rank variables or torchrun's PET_* options.
     plan = L.LaunchPlan(hosts=("localhost",), ranks_per_node=2,
