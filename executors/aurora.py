@@ -2,10 +2,10 @@
 
 Fields a user changes (in the campaign file, under `site:`):
     account        your ALCF project (qsub -A)
-    queue          `debug` (default: 1-2 nodes, 1 h), `debug-scaling` (2-31, 1 h), `prod` (routes by
-                   size: tiny <= 512 nodes / 6 h, small <= 1024 / 12 h, medium <= 1919 / 18 h,
-                   large / 24 h); the block (nodes + spares, walltime) is checked against
-                   executors/queues.py
+    queue          `debug` (default: 1-2 nodes, 1 h), `debug-scaling` (2-256, 1 h), `prod` (256 nodes
+                   and up, routes by size: small <= 1024 / 12 h, medium <= 1999 / 18 h, large / 24 h),
+                   `capacity` (1-16 nodes, 7 days); the block (nodes + spares, walltime) is checked
+                   against executors/queues.py
     walltime       of one block, HH:MM:SS
     nodes, spares  active nodes a stage may use, and extra nodes that replace excluded ones
     worker_init    activates your environment, e.g. `module load frameworks; source ~/venv/bin/activate`

@@ -5,12 +5,12 @@
 A block (`nodes + spares` nodes for `walltime`) outside its queue's node or time range is
 refused by `qsub` (or sits in the queue forever); spec validation refuses it first, naming
 the range and the page. A routing queue (`prod`) is checked against the execution queue
-its size routes to (tiny/small/medium/large). Where ALCF's own numbers are a range or a
-recommendation (Aurora's "7300-7500*" maximum, Polaris' "476-486 nodes" advice) or a queue
+its size routes to (small/medium/large). Where ALCF's own numbers are a range or a
+recommendation (Polaris' "476-486 nodes" advice) or a queue
 is by request or preemptable, it is a warning, not a refusal. A queue not in the table (a
 reservation `R123456`, a new queue) is not checked (a warning says so).
 
-The tables change: re-read the pages and update `CHECKED` and the numbers together.
+The tables change: re-read a page and update its `CHECKED` date and its numbers together.
 Standard library only.
 """
 
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 __all__ = ["Queue", "QueueTable", "TABLES", "check", "fitting"]
 
-CHECKED = "2026-12-01"
-"""When the pages below were read (the queue tables change every few months)."""
+CHECKED = {"aurora": "2026-12-05", "polaris": "2026-12-01"}
+"""When each page below was read (the queue tables change every few months)."""
 
 
 @dataclass(frozen=True)
@@ -57,22 +57,23 @@ class QueueTable:
 
 _H = 3600
 
-# https://docs.alcf.anl.gov/aurora/running-jobs-aurora/ "Queues" (argonne-lcf/user-guides
-# docs/aurora/running-jobs-aurora.md @ 0037d9fa). prod routes to tiny/small/medium/large
-# (and backfill-* with the same limits for projects with a negative balance); the largest
-# size is given as "7300-7500*: range for stable max nodecount until new image is deployed".
-# Temporary queues (next-eval, legacy) are left out.
-AURORA = QueueTable("aurora", "https://docs.alcf.anl.gov/aurora/running-jobs-aurora/", CHECKED, (
+# https://docs.alcf.anl.gov/aurora/running-jobs-aurora/ "Queues", as it reads in 2026 (every
+# row and its source in docs/sites.md, "Aurora queues"): debug 1-2 nodes / 1 h; debug-scaling
+# 2-256 / 1 h (the page's row as of argonne-lcf/user-guides PR #1277, 2026-08-28:
+# "| debug-scaling  | 2        | 256        | 5 min    | 1 hr"); prod, a routing queue from
+# 256 nodes to small 256-1024 / 12 h, medium 1025-1999 / 18 h, large 2000-10,624 / 24 h
+# (PR #1210, 2026-06-12, "update to medium and large queues"; tiny and prod-large are gone);
+# capacity 1-16 nodes / 168 h (PR #1221, 2026-06-29; 512 nodes across all its jobs);
+# visualization 1-32 / 8 h by request. Temporary queues (next-eval, legacy) are left out.
+AURORA = QueueTable("aurora", "https://docs.alcf.anl.gov/aurora/running-jobs-aurora/", CHECKED["aurora"], (
     Queue("debug", 1, 2, 1 * _H),
-    Queue("debug-scaling", 2, 31, 1 * _H),
-    Queue("prod", 1, 7500, 24 * _H, soft_max_nodes=7300, routes=(
-        Queue("tiny", 1, 512, 6 * _H),
-        Queue("small", 513, 1024, 12 * _H),
-        Queue("medium", 1025, 1919, 18 * _H),
-        Queue("large", 1920, 7500, 24 * _H, soft_max_nodes=7300),
+    Queue("debug-scaling", 2, 256, 1 * _H),
+    Queue("prod", 256, 10624, 24 * _H, routes=(
+        Queue("small", 256, 1024, 12 * _H),
+        Queue("medium", 1025, 1999, 18 * _H),
+        Queue("large", 2000, 10624, 24 * _H),
     )),
-    Queue("prod-large", 1920, 7500, 24 * _H, soft_max_nodes=7300,
-          note="prod-large is a legacy routing queue for large jobs; prod routes them too"),
+    Queue("capacity", 1, 16, 168 * _H),
     Queue("visualization", 1, 32, 8 * _H, note="visualization is by request only, on non-exclusive nodes"),
 ))
 
@@ -80,7 +81,7 @@ AURORA = QueueTable("aurora", "https://docs.alcf.anl.gov/aurora/running-jobs-aur
 # docs/polaris/running-jobs/index.md @ 11dbfa65). prod routes to small/medium/large;
 # Note 4: "it is recommended to submit jobs with a maximum node count of 476-486 nodes
 # given current rates of downed nodes (larger jobs may sit in the queue indefinitely)".
-POLARIS = QueueTable("polaris", "https://docs.alcf.anl.gov/polaris/running-jobs/", CHECKED, (
+POLARIS = QueueTable("polaris", "https://docs.alcf.anl.gov/polaris/running-jobs/", CHECKED["polaris"], (
     Queue("debug", 1, 2, 1 * _H),
     Queue("debug-scaling", 1, 10, 1 * _H),
     Queue("prod", 10, 496, 24 * _H, soft_max_nodes=476, routes=(

@@ -123,7 +123,7 @@ def test_pbs_parsl_config_is_fresh_one_block_one_worker(tmp_path: Path) -> None:
     from parsl.launchers import SimpleLauncher
     from parsl.providers import PBSProProvider
 
-    site = AuroraSite(account="proj", queue="prod", nodes=4, spares=2, walltime="02:00:00",
+    site = AuroraSite(account="proj", queue="capacity", nodes=4, spares=2, walltime="02:00:00",
                       worker_init="module load frameworks")
     a, b = site.parsl_config(tmp_path), site.parsl_config(tmp_path)
     assert a is not b and a.executors[0] is not b.executors[0]
@@ -132,7 +132,7 @@ def test_pbs_parsl_config_is_fresh_one_block_one_worker(tmp_path: Path) -> None:
     assert exe.label == "campaign" and exe.max_workers_per_node == 1
     assert isinstance(p, PBSProProvider) and isinstance(p.launcher, SimpleLauncher)
     assert (p.nodes_per_block, p.init_blocks, p.min_blocks, p.max_blocks) == (6, 1, 0, 1)
-    assert (p.account, p.queue, p.walltime, p.cpus_per_node) == ("proj", "prod", "02:00:00", 208)
+    assert (p.account, p.queue, p.walltime, p.cpus_per_node) == ("proj", "capacity", "02:00:00", 208)
     assert "#PBS -l filesystems=home:flare" in p.scheduler_options and "place=scatter" in p.scheduler_options
     assert p.worker_init.endswith("module load frameworks")  # the user's init runs last: it wins
     assert a.strategy == "simple"  # a new block when the old one reached its walltime
@@ -185,7 +185,7 @@ def test_warns_when_a_stage_timeout_exceeds_the_walltime() -> None:
 
 
 def test_warns_when_the_long_run_needs_several_blocks() -> None:
-    s = _spec("  kind: aurora\n  account: p\n  queue: prod\n  walltime: '06:00:00'\n  expected_tokens_per_s: 1.0e6\n",
+    s = _spec("  kind: aurora\n  account: p\n  queue: capacity\n  walltime: '06:00:00'\n  expected_tokens_per_s: 1.0e6\n",
               "  - kind: long_run\n    tokens: 100000000000\n")
     warnings = walltime.warnings(s)
     assert any("stage long_run needs ~27.8 h (100,000,000,000 tokens at 1,000,000 tokens/s)" in w and "~5 blocks" in w
