@@ -9,7 +9,7 @@ Fields a user changes (in the campaign file, under `site:`):
     walltime       of one block, HH:MM:SS
     nodes, spares  active nodes a stage may use, and extra nodes that replace excluded ones
     worker_init    activates your environment, e.g. `module load frameworks; source ~/venv/bin/activate`
-    collective_env ALCF's mandatory oneCCL variables on every rank (default true; `env` overrides one)
+    collective_env ALCF's recommended oneCCL variables on every rank (default true; `env` overrides one)
     tmpdir         TMPDIR of the job's Parsl worker (default /tmp: AF_UNIX paths stay short)
     address_interface  interface of the driver's host that workers connect to (default: Parsl
                    offers every address it finds; ALCF's Aurora Parsl page sets none)
@@ -54,23 +54,24 @@ GPU_BIND = "list:0.0:0.1:1.0:1.1:2.0:2.1:3.0:3.1:4.0:4.1:5.0:5.1"
 # (campaign/train/placement.py). Intel: https://www.intel.com/content/www/us/en/developer/articles/technical/flattening-gpu-tile-hierarchy.html
 TILES_PER_NODE = 12
 """Devices a node shows under FLAT."""
-# ALCF's oneCCL page, "OneCCL mandatory environment variables"
-# (https://docs.alcf.anl.gov/aurora/data-science/frameworks/oneCCL/, also included in
-# .../frameworks/pytorch/ "Environmental Variables": "should be set ... in the case of
-# attempting to run beyond 16 nodes"; "will probably be included in the framework module
-# file in the future. But for now, users need to explicitly set these"). Left out: the
-# LD_LIBRARY_PATH/CPATH/LIBRARY_PATH lines ($CCL_ROOT comes from `module load frameworks`)
-# and the page's optional list (FI_MR_CACHE_MONITOR=disabled, FI_CXI_* sizes, PALS timeouts):
-# add them in `env` if you need them (docs/sites.md).
 # https://docs.alcf.anl.gov/aurora/data-management/lustre/flare/ : Flare, mounted at
 # /lus/flare/projects/: "You should launch jobs only from this flare space"; home (Gecko):
 # "You should not launch jobs from this Home/Gecko space".
 PROJECTS = "/lus/flare/projects"
+# ALCF's oneCCL page, "oneCCL environment variables" (https://docs.alcf.anl.gov/aurora/data-science/frameworks/oneCCL/,
+# argonne-lcf/user-guides docs/aurora/data-science/frameworks/oneCCL.md @ f550acf8, read 2026-12-05):
+# "a set of environment settings that typically provide better performance or address
+# potential application hangs and crashes at large scale. This particular setup is still
+# experimental". Its first block, as listed there (the page no longer has a "mandatory"
+# list; the old CCL_ALLREDUCE=topo and CCL_ALLREDUCE_SCALEOUT=rabenseifner gave way to the
+# size ranges below). Left out: the page's "application-dependent" block
+# (FI_MR_CACHE_MONITOR=disabled, FI_CXI_* sizes, PALS_* timeouts, CCL_ATL_SYNC_COLL, ...):
+# add what your runs need in `env`. Quotes and what changed: docs/sites.md.
 COLLECTIVE_ENV: tuple[tuple[str, str], ...] = (
     ("CCL_PROCESS_LAUNCHER", "pmix"),
     ("CCL_ATL_TRANSPORT", "mpi"),
-    ("CCL_ALLREDUCE", "topo"),
-    ("CCL_ALLREDUCE_SCALEOUT", "rabenseifner"),
+    # "currently best allreduce algorithm at large scale"
+    ("CCL_ALLREDUCE_SCALEOUT", "direct:0-1048576;rabenseifner:1048577-max"),
     ("CCL_BCAST", "double_tree"),
     ("CCL_KVS_MODE", "mpi"),
     ("CCL_CONFIGURATION_PATH", ""),
@@ -78,6 +79,13 @@ COLLECTIVE_ENV: tuple[tuple[str, str], ...] = (
     ("CCL_KVS_CONNECTION_TIMEOUT", "600"),
     ("CCL_ZE_CACHE_OPEN_IPC_HANDLES_THRESHOLD", "1024"),
     ("CCL_KVS_USE_MPI_RANKS", "1"),
+)
+# The same block's lines that need the job's shell: they run after worker_init (`module
+# load frameworks` sets FI_PROVIDER and the MPICH tuning files they unset).
+COLLECTIVE_JOB_LINES: tuple[str, ...] = (
+    'if [ -n "${FI_PROVIDER:-}" ]; then export MPI_PROVIDER="$FI_PROVIDER"; fi',
+    "unset MPIR_CVAR_CH4_POSIX_COLL_SELECTION_TUNING_JSON_FILE MPIR_CVAR_CH4_COLL_SELECTION_TUNING_JSON_FILE "
+    "MPIR_CVAR_COLL_SELECTION_TUNING_JSON_FILE",
 )
 GPUS_PER_NODE = 6
 """Devices a node shows under COMPOSITE (two tiles each)."""
@@ -90,6 +98,7 @@ class AuroraSite(pbs.PBSSite):
     """Logical CPUs of an Aurora node (2 x 52 cores x 2 hyperthreads): PBS `ncpus`."""
     DRY_RUN_JOB_ID: ClassVar[str] = "DRYRUN.aurora-pbs-0001.hostmgmt.cm.aurora.alcf.anl.gov"
     COLLECTIVE_ENV: ClassVar[tuple[tuple[str, str], ...]] = COLLECTIVE_ENV
+    COLLECTIVE_JOB_LINES: ClassVar[tuple[str, ...]] = COLLECTIVE_JOB_LINES
 
     kind: Literal["aurora"] = "aurora"
     """Site kind."""

@@ -123,6 +123,12 @@ class BatchSite(Site):
         """What the site's queue limits cannot vouch for (PBS sites check their queue table)."""
         return []
 
+    def job_environment(self) -> list[str]:
+        """Shell lines run in the job after your `worker_init` (so they see what its modules
+        set): environment the facility documents that needs the shell (`$VAR`, `unset`);
+        every rank inherits it (`mpiexec --envall`, `srun --export=ALL`). None by default."""
+        return []
+
     def renewed(self, excluded: list[str]) -> Site | None:
         """A block with as many more spares as nodes were excluded (the scheduler may hand
         back an excluded node; the supervisor skips it). Slurm does better: `--exclude`."""
@@ -131,10 +137,12 @@ class BatchSite(Site):
 
 def full_worker_init(site: BatchSite) -> str:
     """Parsl's scripts' folder on PATH (so `process_worker_pool.py` is found in a job that
-    does not inherit the environment; `parsl_scripts_dir`), the site's TMPDIR, then the
-    user's `worker_init`, which wins."""
+    does not inherit the environment; `parsl_scripts_dir`), the site's TMPDIR, the user's
+    `worker_init`, which wins over those, then the site's `job_environment()`, which needs
+    what the user's modules set."""
     lines = [f"export PATH={parsl_scripts_dir()}:$PATH",
-             f"export TMPDIR={shlex.quote(site.tmpdir)}" if site.tmpdir else "", site.worker_init.strip()]
+             f"export TMPDIR={shlex.quote(site.tmpdir)}" if site.tmpdir else "", site.worker_init.strip(),
+             *site.job_environment()]
     return "\n".join(x for x in lines if x)
 
 

@@ -24,6 +24,8 @@ class PBSSite(batch.BatchSite):
     SELECT_OPTIONS: ClassVar[str] = ""
     DRY_RUN_JOB_ID: ClassVar[str]
     COLLECTIVE_ENV: ClassVar[tuple[tuple[str, str], ...]] = ()
+    COLLECTIVE_JOB_LINES: ClassVar[tuple[str, ...]] = ()
+    """The part of the collective environment that needs the job's shell (`$VAR`, `unset`)."""
 
     def rank_env(self, *base: dict[str, str]) -> dict[str, str]:
         """Every rank's environment: `base`, the collective environment (unless
@@ -56,6 +58,10 @@ class PBSSite(batch.BatchSite):
     rank (the site's `COLLECTIVE_ENV`: oneCCL on Aurora, NCCL/libfabric on Polaris; sources
     in the site module and docs/sites.md). A variable in `env` overrides one of them; false
     leaves the environment as your modules set it."""
+
+    def job_environment(self) -> list[str]:
+        """`COLLECTIVE_JOB_LINES` unless `collective_env: false`."""
+        return list(self.COLLECTIVE_JOB_LINES) if self.collective_env else []
 
     def provider(self, cls: type | None = None) -> PBSProProvider:
         """The site's PBSProProvider (`cls`: a subclass, for the dry run)."""

@@ -8,9 +8,11 @@ Fields a user changes (in the campaign file, under `site:`):
     walltime       of one block, HH:MM:SS
     nodes, spares  active nodes a stage may use, and extra nodes that replace excluded ones
     worker_init    activates your environment, e.g. `module use /soft/modulefiles; module load conda; conda activate base`
-    collective_env ALCF's NCCL/aws-ofi-nccl variables on every rank (default true; `env` overrides one)
+    collective_env ALCF's NCCL/aws-ofi-nccl variables on every rank and the plugin on LD_LIBRARY_PATH
+                   (default true; `env` overrides one variable)
     tmpdir         TMPDIR of the job's Parsl worker (default /tmp: AF_UNIX paths stay short)
-    address_interface  interface workers connect to (default bond0, as ALCF's Parsl page says)
+    address_interface  interface workers connect to (default: every address Parsl finds, as ALCF's
+                   current Parsl page does; `bond0` if your login node needs it)
 
 A block is `qsub -l select=N:ncpus=64:ngpus=4 -l filesystems=home:eagle -l place=scatter`
 (https://docs.alcf.anl.gov/polaris/running-jobs/). The trainer starts with PALS
@@ -36,11 +38,12 @@ from campaign.executors.launchers import NVIDIA_NO_MULTICAST_ENV
 RANKS_PER_NODE = 4
 DEPTH = 8
 CPU_BIND = "depth"
-# ALCF's NCCL page (https://docs.alcf.anl.gov/polaris/applications-and-libraries/libraries/nccl/):
-# "the following best environment setup" (2-3x faster collectives through the aws-ofi-nccl
-# plugin); since October 29, 2024 the `conda` modules set the same. The plugin's
-# LD_LIBRARY_PATH comes from `module load conda` (or add it in `env`). The page warns that
-# some applications (Megatron-DeepSpeed) hang with the plugin: `collective_env: false`.
+# ALCF's NCCL page (https://docs.alcf.anl.gov/polaris/applications-and-libraries/libraries/nccl/,
+# argonne-lcf/user-guides docs/polaris/applications-and-libraries/libraries/nccl.md @ 38059a3e,
+# read 2026-12-05): "We have done extensive performance tests and identified the following
+# best environment setup" (2-3x faster collectives through the aws-ofi-nccl plugin). The
+# page warns that some applications (Megatron-DeepSpeed) hang with the plugin:
+# `collective_env: false`.
 COLLECTIVE_ENV: tuple[tuple[str, str], ...] = (
     ("NCCL_NET_GDR_LEVEL", "PHB"),
     ("NCCL_CROSS_NIC", "1"),
@@ -50,10 +53,16 @@ COLLECTIVE_ENV: tuple[tuple[str, str], ...] = (
     ("FI_MR_CACHE_MONITOR", "userfaultfd"),
     ("FI_CXI_DEFAULT_CQ_SIZE", "131072"),
 )
-# ALCF's Parsl page (https://docs.alcf.anl.gov/polaris/workflows/parsl/, "Updates"): for Parsl
-# after July 2023 the HighThroughputExecutor's address "needs to be set to
-# address_by_interface("bond0")".
-ADDRESS_INTERFACE = "bond0"
+# The same setup's library paths, as the page lists them: NCCL_NET="AWS Libfabric" makes NCCL
+# load that plugin or fail, so the plugin must be on LD_LIBRARY_PATH whenever NCCL_NET is
+# forced (they prepend to what worker_init's modules set, so they run after it).
+PLUGIN_PATHS: tuple[str, ...] = ("/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib", "/soft/libraries/hwloc/lib/")
+COLLECTIVE_JOB_LINES: tuple[str, ...] = tuple(f"export LD_LIBRARY_PATH={path}:$LD_LIBRARY_PATH"
+                                              for path in PLUGIN_PATHS)
+# ALCF's Parsl page (https://docs.alcf.anl.gov/polaris/workflows/parsl/) sets no `address`
+# in its current version (docs/polaris/workflows/parsl.md @ f0a33231); the `bond0` advice of
+# its older "Updates" section ("needs to be set to address_by_interface("bond0")") is gone.
+# So no default: Parsl offers every address it finds; `address_interface: bond0` still works.
 GPU_WRAPPER: tuple[str, ...] = (
     "bash",
     "-c",
@@ -70,13 +79,12 @@ class PolarisSite(pbs.PBSSite):
     SELECT_OPTIONS: ClassVar[str] = "ngpus=4"
     DRY_RUN_JOB_ID: ClassVar[str] = "DRYRUN.polaris-pbs-01.hsn.cm.polaris.alcf.anl.gov"
     COLLECTIVE_ENV: ClassVar[tuple[tuple[str, str], ...]] = COLLECTIVE_ENV
+    COLLECTIVE_JOB_LINES: ClassVar[tuple[str, ...]] = COLLECTIVE_JOB_LINES
 
     kind: Literal["polaris"] = "polaris"
     """Site kind."""
     filesystems: str = "home:eagle"
     """Filesystems the job needs (-l filesystems=)."""
-    address_interface: str | None = ADDRESS_INTERFACE
-    """Interface of the driver's host that workers connect to (ALCF: `bond0` on Polaris)."""
     ranks_per_node: int = Field(default=RANKS_PER_NODE, ge=1, le=64)
     """Ranks per node (4: one per GPU)."""
     depth: int = Field(default=DEPTH, ge=1, le=64)

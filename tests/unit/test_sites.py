@@ -3,6 +3,9 @@ Parsl configs they build, and the dry run (which must write nothing)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -69,30 +72,65 @@ def test_aurora_defaults_follow_the_alcf_docs() -> None:
     assert AuroraSite(account="p", launcher="mpich").launch_options() == LaunchOptions(env={"MASTER_ADDR": "127.0.0.1"})
 
 
-def test_aurora_ranks_get_alcfs_mandatory_oneccl_environment_which_env_overrides() -> None:
-    # docs.alcf.anl.gov/aurora/data-science/frameworks/oneCCL/ "OneCCL mandatory environment variables"
+def _job_env(worker_init: str, env: dict[str, str]) -> dict[str, str]:
+    """The environment after a job's worker_init ran in bash (what the Parsl worker, and so
+    every rank through mpiexec --envall, inherits)."""
+    out = subprocess.run(["bash", "-c", worker_init + "\nenv -0"], env=env, capture_output=True, check=True, timeout=30)
+    return dict(line.split("=", 1) for line in out.stdout.decode().split("\0") if "=" in line)
+
+
+def test_aurora_ranks_get_the_oneccl_environment_alcf_lists_today_which_env_overrides() -> None:
+    # https://docs.alcf.anl.gov/aurora/data-science/frameworks/oneCCL/ "oneCCL environment variables"
+    # (read 2026-12-05; docs/sites.md quotes the block): the first block, whole. The pre-2025
+    # "mandatory" list's CCL_ALLREDUCE=topo / CCL_ALLREDUCE_SCALEOUT=rabenseifner are gone.
     env = AuroraSite(account="p").launch_options().env
-    assert {k: env[k] for k in ("CCL_PROCESS_LAUNCHER", "CCL_ATL_TRANSPORT", "CCL_KVS_MODE", "CCL_CONFIGURATION_PATH",
-                                "CCL_CONFIGURATION", "CCL_KVS_CONNECTION_TIMEOUT", "CCL_KVS_USE_MPI_RANKS")} == {
-        "CCL_PROCESS_LAUNCHER": "pmix", "CCL_ATL_TRANSPORT": "mpi", "CCL_KVS_MODE": "mpi", "CCL_CONFIGURATION_PATH": "",
-        "CCL_CONFIGURATION": "cpu_gpu_dpcpp", "CCL_KVS_CONNECTION_TIMEOUT": "600", "CCL_KVS_USE_MPI_RANKS": "1"}
-    assert "FI_MR_CACHE_MONITOR" not in env  # in the page's optional list only
+    page = {"CCL_PROCESS_LAUNCHER": "pmix", "CCL_ATL_TRANSPORT": "mpi",
+            "CCL_ALLREDUCE_SCALEOUT": "direct:0-1048576;rabenseifner:1048577-max", "CCL_BCAST": "double_tree",
+            "CCL_KVS_MODE": "mpi", "CCL_CONFIGURATION_PATH": "", "CCL_CONFIGURATION": "cpu_gpu_dpcpp",
+            "CCL_KVS_CONNECTION_TIMEOUT": "600", "CCL_ZE_CACHE_OPEN_IPC_HANDLES_THRESHOLD": "1024",
+            "CCL_KVS_USE_MPI_RANKS": "1"}
+    assert {k: v for k, v in env.items() if k.startswith("CCL_")} == page
+    assert "FI_MR_CACHE_MONITOR" not in env  # the page lists it (=disabled) as application-dependent only
     mine = AuroraSite(account="p", env={"CCL_KVS_CONNECTION_TIMEOUT": "1200"}).launch_options().env
     assert mine["CCL_KVS_CONNECTION_TIMEOUT"] == "1200" and mine["CCL_KVS_MODE"] == "mpi"
-    off = AuroraSite(account="p", collective_env=False).launch_options().env
-    assert off == {"ZE_FLAT_DEVICE_HIERARCHY": "FLAT"}
+    off = AuroraSite(account="p", collective_env=False)
+    assert off.launch_options().env == {"ZE_FLAT_DEVICE_HIERARCHY": "FLAT"} and off.job_environment() == []
 
 
-def test_polaris_ranks_get_alcfs_nccl_environment_and_workers_connect_on_bond0(tmp_path: Path) -> None:
-    # docs.alcf.anl.gov/polaris/applications-and-libraries/libraries/nccl/ and .../polaris/workflows/parsl/
-    site = PolarisSite(account="p")
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not available")
+def test_aurora_jobs_run_the_pages_shell_lines_after_the_users_modules() -> None:
+    # The same block: `export MPI_PROVIDER=$FI_PROVIDER` (FI_PROVIDER comes from `module load
+    # frameworks`, here from the user's worker_init) and three `unset MPIR_CVAR_..._TUNING_JSON_FILE`.
+    init = AuroraSite(account="p", worker_init="export FI_PROVIDER=cxi").provider().worker_init
+    tuning = ("MPIR_CVAR_CH4_POSIX_COLL_SELECTION_TUNING_JSON_FILE", "MPIR_CVAR_CH4_COLL_SELECTION_TUNING_JSON_FILE",
+              "MPIR_CVAR_COLL_SELECTION_TUNING_JSON_FILE")
+    job = _job_env(init, {"PATH": os.environ["PATH"], **{k: "/opt/tuning.json" for k in tuning}})
+    assert job["MPI_PROVIDER"] == "cxi" and not any(k in job for k in tuning)
+    assert "MPI_PROVIDER" not in _job_env(AuroraSite(account="p").provider().worker_init, {"PATH": os.environ["PATH"]})
+
+
+def test_polaris_ranks_get_alcfs_nccl_environment_and_its_plugin_on_the_library_path(tmp_path: Path) -> None:
+    # https://docs.alcf.anl.gov/polaris/applications-and-libraries/libraries/nccl/ (read 2026-12-05):
+    # NCCL_NET="AWS Libfabric" with "export LD_LIBRARY_PATH=/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:$LD_LIBRARY_PATH"
+    # and "export LD_LIBRARY_PATH=/soft/libraries/hwloc/lib/:$LD_LIBRARY_PATH".
+    site = PolarisSite(account="p", worker_init="export LD_LIBRARY_PATH=/soft/conda/lib")
     env = site.launch_options().env
     assert (env["NCCL_NET"], env["FI_MR_CACHE_MONITOR"], env["FI_CXI_DEFAULT_CQ_SIZE"]) == ("AWS Libfabric", "userfaultfd", "131072")
-    assert "NCCL_NET" not in PolarisSite(account="p", collective_env=False).launch_options().env
-    assert site.address_interface == "bond0"
+    job = _job_env(site.provider().worker_init, {"PATH": os.environ["PATH"]})
+    assert job["LD_LIBRARY_PATH"] == "/soft/libraries/hwloc/lib/:/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:/soft/conda/lib"
+    off = PolarisSite(account="p", collective_env=False)
+    assert "NCCL_NET" not in off.launch_options().env and "aws-ofi-nccl" not in off.provider().worker_init
+
+
+def test_polaris_workers_connect_on_every_address_unless_told_an_interface(tmp_path: Path) -> None:
+    # https://docs.alcf.anl.gov/polaris/workflows/parsl/ (read 2026-12-05) sets no `address`;
+    # its old bond0 advice is gone. A named interface this host lacks is a clear error.
+    site = PolarisSite(account="p")
+    assert site.address_interface is None and batch.worker_address(site) is None
+    bond0 = PolarisSite(account="p", address_interface="bond0")
     with pytest.raises(SiteError, match="site.address_interface: no address for interface 'bond0'"):
-        site.parsl_config(tmp_path)  # this machine has no bond0: a clear error, not Parsl's traceback
-    script, _ = site.dry_run(tmp_path)  # the dry run does not need the interface
+        bond0.parsl_config(tmp_path)  # this machine has no bond0: a clear error, not Parsl's traceback
+    script, _ = bond0.dry_run(tmp_path)  # the dry run does not need the interface
     assert "<address of bond0>" in script or "bond0" not in script
     lo = PolarisSite(account="p", address_interface="lo").parsl_config(tmp_path)
     assert lo.executors[0].address == "127.0.0.1"
@@ -134,7 +172,9 @@ def test_pbs_parsl_config_is_fresh_one_block_one_worker(tmp_path: Path) -> None:
     assert (p.nodes_per_block, p.init_blocks, p.min_blocks, p.max_blocks) == (6, 1, 0, 1)
     assert (p.account, p.queue, p.walltime, p.cpus_per_node) == ("proj", "capacity", "02:00:00", 208)
     assert "#PBS -l filesystems=home:flare" in p.scheduler_options and "place=scatter" in p.scheduler_options
-    assert p.worker_init.endswith("module load frameworks")  # the user's init runs last: it wins
+    # the user's init runs after ours (it wins), then ALCF's shell lines that need its modules
+    lines = p.worker_init.splitlines()
+    assert lines[lines.index("module load frameworks") + 1:] == list(aurora.COLLECTIVE_JOB_LINES)
     assert a.strategy == "simple"  # a new block when the old one reached its walltime
 
 
@@ -264,10 +304,12 @@ def test_a_remote_aurora_submit_without_workdir_runs_on_flare(tmp_path: Path, ru
 
 
 def test_submit_without_the_polaris_interface_stops_before_the_ledger(tmp_path: Path, run_cli) -> None:
-    # this machine has no bond0 (ALCF's interface for Parsl on Polaris): one line, exit 2, nothing written
+    # this machine has no bond0 (ALCF's old interface for Parsl on Polaris): one line, exit 2, nothing written
     workdir = tmp_path / "work"
     example = Path(__file__).resolve().parents[2] / "examples" / "polaris.yaml"
-    code, out, err = run_cli("submit", example, "--workdir", workdir)
+    with_bond0 = tmp_path / "polaris.yaml"
+    with_bond0.write_text(example.read_text().replace("  kind: polaris\n", "  kind: polaris\n  address_interface: bond0\n"))
+    code, out, err = run_cli("submit", with_bond0, "--workdir", workdir)
     assert code == 2, err
     assert "error: site.address_interface: no address for interface 'bond0' on this host" in err
     assert "Traceback" not in err and not workdir.exists()
