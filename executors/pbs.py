@@ -67,9 +67,11 @@ class PBSSite(batch.BatchSite):
         """The site's PBSProProvider (`cls`: a subclass, for the dry run)."""
         from parsl.providers import PBSProProvider
 
-        return (cls or PBSProProvider)(account=self.account, queue=self.queue, cpus_per_node=self.CPUS_PER_NODE,
-                                       select_options=self.SELECT_OPTIONS, scheduler_options=directives(self),
-                                       **batch.provider_kwargs(self))
+        provider = (cls or PBSProProvider)(account=self.account, queue=self.queue, cpus_per_node=self.CPUS_PER_NODE,
+                                           select_options=self.SELECT_OPTIONS, scheduler_options=directives(self),
+                                           **batch.provider_kwargs(self))
+        provider.template_string = login_shell(provider.template_string)
+        return provider
 
     @property
     def dry_run_job_output(self) -> str:
@@ -95,3 +97,13 @@ def directives(site: PBSSite) -> str:
     """The `#PBS` lines of a block: filesystems, placement, keep output, the user's extras."""
     lines = [f"#PBS -l filesystems={site.filesystems}", f"#PBS -l place={site.place}", "#PBS -k doe"]
     return "\n".join(lines + ([site.scheduler_options.strip()] if site.scheduler_options.strip() else []))
+
+
+def login_shell(template: str) -> str:
+    """Parsl's PBS Pro job template, started as ALCF's sample job scripts are: `#!/bin/bash -l`
+    (a login shell, so `module` is defined for `worker_init`; Parsl issue 3538) and no
+    `#PBS -S /bin/bash`, which names the shell without `-l`."""
+    lines = template.split("\n")
+    if lines and lines[0] == "#!/bin/bash":
+        lines[0] = "#!/bin/bash -l"
+    return "\n".join(line for line in lines if line.strip() != "#PBS -S /bin/bash")

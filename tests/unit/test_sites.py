@@ -313,3 +313,25 @@ def test_submit_without_the_polaris_interface_stops_before_the_ledger(tmp_path: 
     assert code == 2, err
     assert "error: site.address_interface: no address for interface 'bond0' on this host" in err
     assert "Traceback" not in err and not workdir.exists()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not available")
+@pytest.mark.parametrize("kind", ["aurora", "polaris"])
+def test_pbs_jobs_start_a_login_shell_so_worker_init_can_use_module(tmp_path: Path, kind: str) -> None:
+    # ALCF's sample job scripts start `#!/bin/bash -l` (docs.alcf.anl.gov/aurora/workflows/parsl/,
+    # read 2026-12-05): `module` is a shell function defined by the login profile (Parsl issue 3538),
+    # and `#PBS -S /bin/bash` would name the shell without -l. Here the script runs by its own #!
+    # line, with a profile that defines `module` as the login scripts of the machines do.
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".bash_profile").write_text('module() { echo "module $*"; }\n')
+    site = executors.module(kind).__dict__[{"aurora": "AuroraSite", "polaris": "PolarisSite"}[kind]](
+        account="p", worker_init="module load frameworks || exit 3; exit 0", collective_env=False)
+    script, _ = site.dry_run(tmp_path / "scripts")
+    assert script.startswith("#!/bin/bash -l\n") and "#PBS -S" not in script
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    path.chmod(0o755)
+    done = subprocess.run([str(path)], env={"HOME": str(home), "PATH": os.environ["PATH"]}, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and "module load frameworks" in done.stdout, done.stdout + done.stderr
