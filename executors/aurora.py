@@ -40,9 +40,31 @@ from campaign.executors import pbs
 from campaign.executors.base import LaunchOptions
 
 # https://docs.alcf.anl.gov/aurora/running-jobs-aurora/ ("Binding MPI ranks and threads
-# to cores", Example 4): 12 ranks x 8 cores, 6 per socket, cores 0 and 52 left free.
+# to cores", read 2026-12-05): "Since March 31, 2025, cores 0 (104) and 52 (156)--the first
+# physical cores on each CPU socket--have been reserved for system services". ALCF's lists
+# give each socket's next 48 cores (1-48, 53-100) to its half of the ranks: 12 ranks x 8
+# cores ("--cpu-bind=list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100")
+# and 6 ranks x 16 ("--cpu-bind=list:1-16:17-32:33-48:53-68:69-84:85-100"). `cpu_bind_list`
+# follows that rule for any even split.
 RANKS_PER_NODE = 12
-CPU_BIND = "list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100"
+SOCKET_FIRST_CORES = (1, 53)
+"""The first core each socket leaves to applications (0 and 52 are the system's)."""
+CORES_PER_SOCKET = 48
+"""Cores per socket ALCF's lists hand out (1-48, 53-100)."""
+
+
+def cpu_bind_list(ranks_per_node: int) -> str | None:
+    """ALCF's `--cpu-bind=list:...` for `ranks_per_node` ranks: half the ranks per socket, each
+    an equal run of that socket's 48 cores; None when they do not split evenly."""
+    per_socket, odd = divmod(ranks_per_node, 2)
+    if odd or per_socket == 0 or CORES_PER_SOCKET % per_socket:
+        return None
+    width = CORES_PER_SOCKET // per_socket
+    return "list:" + ":".join(f"{first + i * width}-{first + (i + 1) * width - 1}"
+                              for first in SOCKET_FIRST_CORES for i in range(per_socket))
+
+
+CPU_BIND = cpu_bind_list(RANKS_PER_NODE)
 # Same page, "Binding MPI ranks to GPUs using --gpu-bind": one rank per tile, for
 # ZE_FLAT_DEVICE_HIERARCHY=COMPOSITE only. The page warns it fails for implicit (whole-GPU)
 # lists and with ZE_FLAT_DEVICE_HIERARCHY=FLAT ("launch failed ...: Failed to parse implicit
@@ -106,13 +128,25 @@ class AuroraSite(pbs.PBSSite):
     """Filesystems the job needs (-l filesystems=); add daos_user for DAOS."""
     ranks_per_node: int = Field(default=RANKS_PER_NODE, ge=1, le=208)
     """Ranks per node (12: one per GPU tile)."""
-    cpu_bind: str | None = CPU_BIND
-    """PALS --cpu-bind value (default: 8 cores per rank, cores 0 and 52 left to the OS)."""
+    cpu_bind: str | None = "auto"
+    """PALS --cpu-bind value. `auto`: ALCF's list for `ranks_per_node` (12 ranks: 8 cores each,
+    6 ranks: 16 each; cores 0 and 52 left to the OS); null: no binding; or your own `list:...`."""
     device_hierarchy: Literal["FLAT", "COMPOSITE"] = "FLAT"
     """ZE_FLAT_DEVICE_HIERARCHY set on every rank: FLAT (12 tiles = 12 devices, rank i takes
     xpu:i) or COMPOSITE (6 GPUs of 2 tiles; needs gpu_bind for 12 ranks per node)."""
     gpu_bind: str | None = None
     """PALS --gpu-bind value, COMPOSITE only (e.g. `list:0.0:0.1:1.0:...:5.1`, rank i on tile i//2.i%2)."""
+
+    @model_validator(mode="after")
+    def _cpu_bind_for_the_ranks(self) -> AuroraSite:
+        if self.cpu_bind == "auto":
+            resolved = cpu_bind_list(self.ranks_per_node)
+            if resolved is None and self.launcher == "pals":
+                raise ValueError(f"site.cpu_bind: ALCF's CPU lists split each socket's 48 cores (1-48, 53-100) "
+                                 f"between half the ranks; {self.ranks_per_node} ranks per node do not split so: "
+                                 "give your own (list:a-b:c-d:...), or null for no binding")
+            object.__setattr__(self, "cpu_bind", resolved)
+        return self
 
     @model_validator(mode="after")
     def _devices_can_be_placed(self) -> AuroraSite:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from campaign.executors import batch
 from campaign.executors.base import LaunchOptions
@@ -48,9 +48,25 @@ class SlurmSite(batch.BatchSite):
     cpu_bind: str | None = None
     """srun --cpu-bind value (e.g. `cores`)."""
     gpu_bind: str | None = None
-    """srun --gpu-bind value (e.g. `closest`)."""
+    """srun --gpu-bind value: `single:1` (one GPU per rank, the closest free one), `map_gpu:...`,
+    ... `closest` is refused with more than one rank per node: it may give a rank every GPU of
+    its NUMA domain, and two ranks would then share a GPU (docs/sites.md)."""
     exclusive: bool = True
     """Ask for whole nodes (sbatch --exclusive)."""
+
+    @model_validator(mode="after")
+    def _one_gpu_per_rank(self) -> SlurmSite:
+        # srun(1), --gpu-bind: "closest: Bind each task to the GPU(s) which are closest. In a NUMA
+        # environment, each task may be bound to more than one GPU (i.e. all GPUs in that NUMA
+        # environment)"; "single:<tasks_per_gpu>: Like --gpu-bind=closest, except that each task
+        # can only be bound to a single GPU, even when it can be bound to multiple GPUs that are
+        # equally close" (Slurm 22.05.8's man page).
+        if (self.gpu_bind or "").split(",")[-1] == "closest" and self.ranks_per_node > 1:
+            raise ValueError(f"site.gpu_bind: closest may bind each of the {self.ranks_per_node} ranks of a node to "
+                             "every GPU of its NUMA domain (srun(1)), e.g. 2 of a 2-socket node's 4 GPUs, and two ranks "
+                             "would then drive one GPU (NCCL refuses that); use gpu_bind: single:1 (the closest GPU, "
+                             "one per rank)")
+        return self
 
     @property
     def launcher(self) -> str:

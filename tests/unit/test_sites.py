@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from campaign.errors import SiteError
+from campaign.errors import SiteError, SpecError
 from campaign import executors, spec, walltime
 from campaign.executors import aurora, batch, polaris
 from campaign.executors.base import LaunchOptions, Site
@@ -335,3 +335,41 @@ def test_pbs_jobs_start_a_login_shell_so_worker_init_can_use_module(tmp_path: Pa
     done = subprocess.run([str(path)], env={"HOME": str(home), "PATH": os.environ["PATH"]}, capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0 and "module load frameworks" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("ranks, alcf", [
+    # docs.alcf.anl.gov/aurora/running-jobs-aurora/ (read 2026-12-05), verbatim
+    (12, "list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100"),
+    (6, "list:1-16:17-32:33-48:53-68:69-84:85-100"),
+])
+def test_aurora_binds_each_rank_to_its_own_cores_on_both_sockets_as_alcf_lists(ranks: int, alcf: str) -> None:
+    site = AuroraSite(account="p", ranks_per_node=ranks, device_hierarchy="COMPOSITE" if ranks == 6 else "FLAT")
+    assert site.launch_options().cpu_bind == alcf
+    from campaign.train.placement import launch_placement
+
+    rows = launch_placement(site.launch_options(), ranks, "xpu", 6 if ranks == 6 else 12, rank_env=site.rank_variables)
+    cpus = [r["cpus"] for r in rows]
+    assert len(set(cpus)) == ranks and cpus[ranks // 2].startswith("53-"), "half the ranks on the second socket"
+
+
+def test_aurora_refuses_a_rank_count_alcfs_cpu_lists_cannot_split() -> None:
+    with pytest.raises(SpecError, match=r"site.cpu_bind: .* 5 ranks per node do not split so"):
+        spec.loads("name: d\nsite: {kind: aurora, account: p, ranks_per_node: 5}\nstages:\n  - kind: smoke\n", "d.yaml")
+    own = AuroraSite(account="p", ranks_per_node=5, cpu_bind="list:1-10:11-20:21-30:53-62:63-72")
+    assert own.launch_options().cpu_bind == "list:1-10:11-20:21-30:53-62:63-72"
+    assert AuroraSite(account="p", ranks_per_node=5, cpu_bind=None).launch_options().cpu_bind is None
+
+
+def test_slurm_refuses_closest_gpu_binding_that_would_give_a_rank_two_gpus() -> None:
+    # srun(1) (Slurm 22.05.8), --gpu-bind=closest: "each task may be bound to more than one GPU
+    # (i.e. all GPUs in that NUMA environment)": on a 2-socket node with 4 GPUs, 4 ranks each see
+    # 2 GPUs, and the trainer would put two ranks on one GPU. single:1 binds one GPU per task.
+    text = "name: d\nsite: {kind: slurm, ranks_per_node: 4, gpus_per_node: 4, gpu_bind: %s}\nstages:\n  - kind: smoke\n"
+    with pytest.raises(SpecError, match="site.gpu_bind: closest may bind each of the 4 ranks.*single:1"):
+        spec.loads(text % "closest", "d.yaml")
+    with pytest.raises(SpecError, match="site.gpu_bind: closest"):
+        spec.loads(text % "'verbose,closest'", "d.yaml")
+    site = spec.loads(text % "'single:1'", "d.yaml").site
+    assert site.launch_options().gpu_bind == "single:1"
+    one_rank = "name: d\nsite: {kind: slurm, ranks_per_node: 1, gpus_per_node: 4, gpu_bind: closest}\nstages:\n  - kind: smoke\n"
+    assert spec.loads(one_rank, "d.yaml").site.gpu_bind == "closest"
