@@ -11,8 +11,8 @@ Fields a user changes (in the campaign file, under `site:`):
     worker_init    activates your environment, e.g. `module load frameworks; source ~/venv/bin/activate`
     collective_env ALCF's recommended oneCCL variables on every rank (default true; `env` overrides one)
     tmpdir         TMPDIR of the job's Parsl worker (default /tmp: AF_UNIX paths stay short)
-    address_interface  interface of the driver's host that workers connect to (default: Parsl
-                   offers every address it finds; ALCF's Aurora Parsl page sets none)
+    address_interface  interface of the driver's host that workers connect to (default: hsn0
+                   where the driver's host has it, else every address Parsl finds)
 
 A block is `qsub -l select=N:ncpus=208 -l filesystems=home:flare -l place=scatter`, as
 ALCF recommends (https://docs.alcf.anl.gov/aurora/running-jobs-aurora/, and Parsl on
@@ -121,6 +121,8 @@ class AuroraSite(pbs.PBSSite):
     DRY_RUN_JOB_ID: ClassVar[str] = "DRYRUN.aurora-pbs-0001.hostmgmt.cm.aurora.alcf.anl.gov"
     COLLECTIVE_ENV: ClassVar[tuple[tuple[str, str], ...]] = COLLECTIVE_ENV
     COLLECTIVE_JOB_LINES: ClassVar[tuple[str, ...]] = COLLECTIVE_JOB_LINES
+    PREFERRED_INTERFACE: ClassVar[str | None] = "hsn0"
+    """Workers reach the driver over the Slingshot interface when its host has one (docs/sites.md)."""
 
     kind: Literal["aurora"] = "aurora"
     """Site kind."""

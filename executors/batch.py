@@ -20,7 +20,7 @@ import string
 from abc import abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import Field, field_validator
 
@@ -49,6 +49,10 @@ def walltime_seconds(text: str) -> int:
 class BatchSite(Site):
     """Fields every batch site has; a site module subclasses it with its `kind`, defaults and
     `provider()`; `parsl_config`, `cancel_jobs` and `dry_run` follow from the provider."""
+
+    PREFERRED_INTERFACE: ClassVar[str | None] = None
+    """Interface whose address workers connect to when the driver's host has it and neither
+    `address` nor `address_interface` is set (else every address Parsl finds)."""
 
     nodes: int = Field(default=2, ge=1, le=20000)
     """Active nodes a stage may use (the default node count of every stage)."""
@@ -149,9 +153,12 @@ def full_worker_init(site: BatchSite) -> str:
 def worker_address(site: BatchSite, *, resolve: bool = True) -> str | None:
     """The address workers connect to: `site.address`, else the address of
     `site.address_interface` on this host (`<address of IF>` when not `resolve`, for the
-    dry run), else None (Parsl offers every address it finds)."""
-    if site.address or not site.address_interface:
+    dry run), else that of the site's `PREFERRED_INTERFACE` where this host has one, else
+    None (Parsl offers every address it finds)."""
+    if site.address:
         return site.address
+    if not site.address_interface:
+        return preferred_address(site, resolve=resolve)
     if not resolve:
         return f"<address of {site.address_interface}>"
     from parsl.addresses import address_by_interface
@@ -162,6 +169,21 @@ def worker_address(site: BatchSite, *, resolve: bool = True) -> str | None:
         raise SiteError(f"site.address_interface: no address for interface {site.address_interface!r} on this "
                         f"host ({e.strerror or e}); set site.address, or address_interface to one of this "
                         f"host's interfaces (`ip -brief addr`)") from e
+
+
+def preferred_address(site: BatchSite, *, resolve: bool = True) -> str | None:
+    """The address of the site's preferred interface when this host has it; None otherwise."""
+    name = site.PREFERRED_INTERFACE
+    if name is None:
+        return None
+    if not resolve:
+        return f"<address of {name} if this host has it>"
+    from parsl.addresses import address_by_interface
+
+    try:
+        return str(address_by_interface(name))
+    except OSError:  # not on this host (e.g. a login node without it): every address, as before
+        return None
 
 
 def executor(site: BatchSite, provider: ExecutionProvider, *, resolve: bool = True) -> HighThroughputExecutor:

@@ -373,3 +373,17 @@ def test_slurm_refuses_closest_gpu_binding_that_would_give_a_rank_two_gpus() -> 
     assert site.launch_options().gpu_bind == "single:1"
     one_rank = "name: d\nsite: {kind: slurm, ranks_per_node: 1, gpus_per_node: 4, gpu_bind: closest}\nstages:\n  - kind: smoke\n"
     assert spec.loads(one_rank, "d.yaml").site.gpu_bind == "closest"
+
+
+def test_aurora_workers_connect_over_hsn0_where_the_drivers_host_has_it(tmp_path: Path) -> None:
+    # Issue 26: ALCF's Aurora Parsl page uses the hsn0 address since 2026-07 (not in the copies
+    # read here: docs/sites.md). Taken only where the host has hsn0, so a host without it (this
+    # one, or a login node) keeps Parsl's every-address default instead of failing.
+    site = AuroraSite(account="p")
+    assert batch.worker_address(site) is None  # no hsn0 here
+
+    class LoopbackAurora(AuroraSite):
+        PREFERRED_INTERFACE = "lo"  # an interface this host has, standing in for hsn0
+
+    assert LoopbackAurora(account="p").parsl_config(tmp_path).executors[0].address == "127.0.0.1"
+    assert LoopbackAurora(account="p", address="10.1.2.3").parsl_config(tmp_path).executors[0].address == "10.1.2.3"
