@@ -41,6 +41,7 @@ from campaign.progress import Progress
 from campaign.recovery import DRIVER_FILE, reap_dead_driver, recover_orphans
 from campaign.spec import CampaignSpec, reread_digest
 from campaign.stagebase import StageSpec, Verdict
+from campaign.summary import summarize_campaign
 from campaign.supervisor import STOP_FILE
 
 EXIT_CANCELLED = 130
@@ -340,7 +341,7 @@ class Engine:
                          for r in runs)
                 state = "cancelled" if cancelled else "succeeded" if ok else "failed"
                 writes.set_campaign_state(s, c, state)
-                summary = reads.summarize_campaign(s, c)
+                summary = summarize_campaign(s, c)
         self.progress.campaign_finished(summary)
         return EXIT_CANCELLED if cancelled else 0 if ok else 1
 

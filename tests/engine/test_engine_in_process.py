@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from campaign import dryrun
+from campaign import dryrun, summary
 from campaign.attempt import build_request, run_in_thread, trainer_config
 from campaign.engine import Engine
 from campaign.ledger import open_ledger
@@ -161,7 +161,7 @@ def test_a_failure_names_the_missing_file_and_the_rank_log(tmp_path: Path) -> No
     with engine.ledger.session() as s:
         [run] = reads.current_stage_runs(s, reads.get_campaign(s, "inproc"))
         verdict = run.verdict
-        detail = reads.describe_campaign(s, reads.get_campaign(s, "inproc"))
+        detail = summary.describe_campaign(s, reads.get_campaign(s, "inproc"))
     assert f"({run_dir}/startup.json is missing; rank 0's log: {run_dir}/logs/rank-0.log)" in verdict, verdict
     assert "iter 2: loss" in (run_dir / "logs" / "rank-0.log").read_text()  # the log it names holds the output
     assert [a["run_dir"] for a in detail["attempts_detail"]] == [str(run_dir)]  # what `campaign status` shows
