@@ -59,10 +59,10 @@ def peer_lost(exc: BaseException) -> bool:
     """Whether `exc` is a collective failing because a peer went away (gloo's "Connection
     closed by peer", NCCL's remote error, ...): this rank is a victim, its state intact. Its
     own errors (a bug, out of memory) are not: it must fail at once, as evidence."""
-    from campaign import evidence
+    from campaign import signatures
 
     lines = str(exc).splitlines() or [""]
-    return any((sig := evidence.match(line)) is not None and sig.scope == "fabric" for line in lines)
+    return any((sig := signatures.match(line)) is not None and sig.scope == "fabric" for line in lines)
 
 
 class NoRescue:
