@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from campaign import contract, evidence, exits, goodput, reference, report
+from campaign import contract, evidence, exits, goodput, reference, report, rundir
 from campaign.ledger import reads, writes
 from campaign.ledger.db import transient
 from campaign.ledger.models import Attempt, StageRun, utcnow
@@ -103,11 +103,11 @@ class AttemptRequest(StrictModel):
 
     @property
     def hostfile(self) -> Path:
-        return Path(self.run_dir) / "hostfile"
+        return Path(self.run_dir) / rundir.HOSTFILE
 
     @property
     def config_path(self) -> Path:
-        return Path(self.run_dir) / "trainer.json"
+        return Path(self.run_dir) / rundir.TRAINER_CONFIG
 
     def launch_plan(self, hosts: list[str], *, python: str | None = None) -> LaunchPlan:
         """The one launch plan of this attempt on `hosts` (rank order)."""
@@ -125,7 +125,7 @@ class AttemptRequest(StrictModel):
 
     def for_drill(self, drill_dir: Path, master_port: int | None) -> AttemptRequest:
         """The same launch for a short collective drill in `drill_dir` (bisection)."""
-        env = {**self.env, "CAMPAIGN_RUN_DIR": str(drill_dir), "CAMPAIGN_HOSTFILE": str(drill_dir / "hostfile")}
+        env = {**self.env, "CAMPAIGN_RUN_DIR": str(drill_dir), "CAMPAIGN_HOSTFILE": str(drill_dir / rundir.HOSTFILE)}
         argv = ["{python}", "-m", "campaign.train.drill", "--config", str(self.config_path)]
         return self.model_copy(update={"run_dir": str(drill_dir), "env": env, "argv": argv,
                                        "master_port": master_port})
@@ -138,10 +138,10 @@ def build_request(site: Site, config: TrainerConfig, *, run_dir: Path, nodes: in
     """The request of one attempt: a pure function of the site, the attempt's trainer config
     (`trainer_config`) and the checkpoint it resumes from (the trainer's argv: its command
     template, expanded; the targets also as environment variables: `campaign.contract`)."""
-    config_path = run_dir / "trainer.json"
+    config_path = run_dir / rundir.TRAINER_CONFIG
     env = {
         "CAMPAIGN_RUN_DIR": str(run_dir),
-        "CAMPAIGN_HOSTFILE": str(run_dir / "hostfile"),
+        "CAMPAIGN_HOSTFILE": str(run_dir / rundir.HOSTFILE),
         "CAMPAIGN_ATTEMPT": str(config.run.attempt),
         "CAMPAIGN_TRAINER_CONFIG": str(config_path),
         "CAMPAIGN_HEARTBEAT_INTERVAL": str(HEARTBEAT_INTERVAL_S),
@@ -152,7 +152,7 @@ def build_request(site: Site, config: TrainerConfig, *, run_dir: Path, nodes: in
         env["CAMPAIGN_ALLOW_FAULTS"] = "1"
     options = site.launch_options()
     env.update(options.env)
-    values = contract.placeholder_values(config, run_dir=run_dir, config=config_path, hostfile=run_dir / "hostfile",
+    values = contract.placeholder_values(config, run_dir=run_dir, config=config_path, hostfile=run_dir / rundir.HOSTFILE,
                                          spec_dir=spec_dir)
     return AttemptRequest(
         run_dir=str(run_dir), attempt=config.run.attempt, allocation=site.node_names(), exclude=sorted(excluded),
@@ -243,8 +243,8 @@ class AttemptOutcome:
     @property
     def rank0_log(self) -> Path:
         """Rank 0's output: its own log (local launcher) or the launcher's (mpiexec, srun)."""
-        own = self.run_dir / "logs" / "rank-0.log"
-        return own if own.exists() else self.run_dir / "logs" / "launcher.log"
+        own = rundir.rank_log(self.run_dir, 0)
+        return own if own.exists() else rundir.launcher_log(self.run_dir)
 
     def as_dict(self) -> dict[str, Any]:
         files = {name: (self.run_dir / name).exists() for name in (report.METRICS_FILE, report.STARTUP_FILE)}
@@ -393,10 +393,10 @@ class StageContext:
                 assert run is not None
                 a = writes.create_attempt(s, run, nodes=[], ranks_per_node=self.spec.site.ranks_per_node, run_dir="",
                                           label=label, tokens_base=_tokens_base(run, targets.resume))
-                a.run_dir = str(self.stage_dir / f"attempt-{a.number:03d}")
+                a.run_dir = str(rundir.attempt_dir(self.stage_dir, a.number))
                 number, attempt_id = a.number, a.id
                 excluded = sorted({e.node for e in reads.list_exclusions(s, self.engine.site_name)})
-        run_dir = self.stage_dir / f"attempt-{number:03d}"
+        run_dir = rundir.attempt_dir(self.stage_dir, number)
         run_dir.mkdir(parents=True, exist_ok=True)
         config = trainer_config(self.spec, targets, stage_dir=self.stage_dir, attempt=number, faults=faults)
         resume_from = contract.newest_complete(self.spec.trainer.checkpoints, ckpt) if targets.resume else None
@@ -423,8 +423,6 @@ class StageContext:
 
     def _supervise(self, request: AttemptRequest, attempt_id: int, steps: int) -> tuple[dict[str, Any], int]:
         """Start the supervisor through the engine's runner and ingest metrics until it returns."""
-        from campaign.supervisor import STOP_FILE
-
         run_dir = Path(request.run_dir)
         future = self.engine.start_attempt(request)
         offset = 0
@@ -433,13 +431,13 @@ class StageContext:
             self.engine.check_lease()
             offset = self._ingest(attempt_id, run_dir, offset, steps)
             if self.engine.cancel_requested:
-                (run_dir / STOP_FILE).touch()
+                (run_dir / rundir.STOP_FILE).touch()
             lost = self.engine.runner_lost()
             if lost is not None:  # the future would never complete: stop the job ourselves
                 from campaign.recovery import stop_orphan
 
                 stopped = stop_orphan(run_dir, self.spec.site)
-                (run_dir / STOP_FILE).unlink(missing_ok=True)  # the job is stopped; a relaunch may start
+                (run_dir / rundir.STOP_FILE).unlink(missing_ok=True)  # the job is stopped; a relaunch may start
                 rep = _app_failure(RuntimeError(f"{lost}; {stopped}"), run_dir)
                 return {**rep, "exit_code": 143, "exit_class": "block_lost", "block_failed": True}, offset
         try:

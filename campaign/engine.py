@@ -38,11 +38,11 @@ from campaign.ledger import Ledger
 from campaign.ledger import reads, writes
 from campaign.ledger.models import Campaign, StageRun
 from campaign.progress import Progress
-from campaign.recovery import DRIVER_FILE, reap_dead_driver, recover_orphans
+from campaign.recovery import reap_dead_driver, recover_orphans
+from campaign.rundir import DRIVER_FILE, STOP_FILE
 from campaign.spec import CampaignSpec, reread_digest
 from campaign.stagebase import StageSpec, Verdict
 from campaign.summary import summarize_campaign
-from campaign.supervisor import STOP_FILE
 
 EXIT_CANCELLED = 130
 """`campaign submit` exit code when the campaign was cancelled."""

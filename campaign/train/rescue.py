@@ -42,11 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from campaign import report
-
-REQUEST_FILE = "rescue-request.json"
-"""Written by the supervisor: {"rank": R} (the rank that saves), then SIGUSR1."""
-RESULT_FILE = "rescue.json"
-"""Written by the rank that was asked: {"saved": bool, "step", "path", "seconds", "why"}."""
+from campaign.rundir import RESCUE_REQUEST_FILE as REQUEST_FILE
+from campaign.rundir import RESCUE_RESULT_FILE as RESULT_FILE
 
 
 def supported(*, wrapper: str, world_size: int, device: Any) -> bool:

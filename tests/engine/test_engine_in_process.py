@@ -438,7 +438,7 @@ def test_a_driver_that_lost_its_lease_stops_and_leaves_the_trainers_running(
 
     from campaign.errors import LeaseLost
     from campaign.ledger.models import Lease
-    from campaign.supervisor import STOP_FILE
+    from campaign.rundir import STOP_FILE
 
     monkeypatch.setattr("campaign.lease.RENEW_S", 0.2)
     (tmp_path / "slow.py").write_text(SLOW_TRAINER)
