@@ -3,7 +3,7 @@
 A stage module in `stages/` defines one pydantic spec class (a subclass of `StageSpec`
 with a literal `kind`), `first_targets(stage, spec, nodes) -> Targets` (what its first
 attempt must do; the dry run calls it too), a pure `judge(...) -> Verdict`, and `run(ctx, stage) -> Verdict`,
-which asks the `StageContext` (campaign.attempt) for attempts and judges their results. Stage
+which asks the `StageContext` (campaign.stagecontext) for attempts and judges their results. Stage
 modules import only pydantic and the standard library at import time, so validating a
 spec never imports torch or parsl.
 """

@@ -39,7 +39,7 @@ from campaign.train.config import Fault
 from campaign.watchdog import WatchdogPolicy
 
 if TYPE_CHECKING:
-    from campaign.attempt import AttemptOutcome, StageContext
+    from campaign.stagecontext import AttemptOutcome, StageContext
 
 RELAUNCH = exits.RESUMABLE | exits.CONFIRM_ONCE | {"crashed_systemic"}
 """Exit classes after which the long run launches again (while the budget lasts): the

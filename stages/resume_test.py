@@ -23,7 +23,7 @@ UNBOUNDED = 10**9
 """Step target of the interrupted run: it runs until the interrupt."""
 
 if TYPE_CHECKING:
-    from campaign.attempt import StageContext
+    from campaign.stagecontext import StageContext
 
 
 class ResumeTestStage(StageSpec):

@@ -22,7 +22,7 @@ from campaign.reference import Reference
 from campaign.stagebase import StageSpec, Targets, Verdict, after_retry
 
 if TYPE_CHECKING:
-    from campaign.attempt import StageContext
+    from campaign.stagecontext import StageContext
 
 EPS = 1e-9
 

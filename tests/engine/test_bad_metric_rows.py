@@ -11,7 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from campaign.attempt import run_in_thread
+from campaign.runner import run_in_thread
 from campaign.engine import Engine
 from campaign import summary
 from campaign.ledger import open_ledger, reads

@@ -19,11 +19,12 @@ from typing import Any
 import pytest
 
 from campaign import dryrun, summary
-from campaign.attempt import build_request, run_in_thread, trainer_config
+from campaign.attempt import build_request, trainer_config
 from campaign.engine import Engine
 from campaign.ledger import open_ledger
 from campaign.ledger import reads
 from campaign.progress import Progress
+from campaign.runner import run_in_thread
 from campaign.spec import CampaignSpec
 from campaign.stagebase import Targets
 from campaign.supervisor import supervise
