@@ -36,8 +36,9 @@ from typing import Any
 
 from campaign import evidence, exits, report, rundir, watchdog
 from campaign.attempt import AttemptRequest, Interrupt
+from campaign.executors import warm
 from campaign.rundir import PIDS_FILE, STOP_FILE
-from campaign.train import rescue, warm
+from campaign.train import rescue
 
 POLL_S = 0.25
 """How often the supervisor looks at the launch; cheap (a few small reads)."""

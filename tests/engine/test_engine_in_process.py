@@ -292,7 +292,7 @@ def test_the_request_is_pure_and_carries_the_contract_environment(tmp_path: Path
     assert first.env["CAMPAIGN_CHECKPOINT_DIR"] == str(tmp_path / "checkpoints") and first.env["CAMPAIGN_RESUME"] == "0"
     trainer = ["{python}", "-m", "campaign.train", "--config", str(tmp_path / "a" / "trainer.json")]
     # `warm_start: auto`: through the node's fork server with the local launcher only.
-    warm = ["{python}", "-m", "campaign.train.warm", "--"] if spec.site.launcher == "local" else []
+    warm = ["{python}", "-m", "campaign.executors.warm", "--"] if spec.site.launcher == "local" else []
     assert first.argv == [*warm, *trainer]
     assert first.launcher == spec.site.launcher and first.exclude == ["n9"]
 
