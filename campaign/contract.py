@@ -149,9 +149,9 @@ def custom_trainer_warnings(spec: CampaignSpec) -> list[str]:
         out.append(f"trainer.{', trainer.'.join(own)}: built-in trainer field(s); your command gets them only in "
                    "trainer.json ({config})")
     for i, st in enumerate(spec.stages):
-        if getattr(st, "faults", None):
+        if st.injected_faults():
             out.append(f"stages[{i}].faults: fault injection is the built-in trainer's; your trainer ignores it")
-        if getattr(st, "tokens", None) and spec.trainer.progress == "stdout":
+        if st.token_target() and spec.trainer.progress == "stdout":
             out.append(f"stages[{i}].tokens: a token target needs tokens in the progress lines; with progress: "
                        "stdout give `steps` unless step_pattern has a `tokens` group")
     return out

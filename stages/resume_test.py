@@ -51,6 +51,12 @@ class ResumeTestStage(StageSpec):
                              f"{self.interrupt_step}, {self.steps}")
         return self
 
+    def injected_faults(self) -> tuple[Fault, ...]:
+        return tuple(self.faults)
+
+    def attempts_bound(self) -> int:
+        return 1 + 2 * len(self.signals)  # the reference run, then per signal the interrupted run and its resume
+
 
 NO_CKPT = {"checkpoint_every": 0}
 
