@@ -56,7 +56,8 @@ from campaign.executors import aurora, launchers  # noqa: E402
 from campaign.ledger import open_ledger  # noqa: E402
 from campaign.ledger.models import Attempt, StageRun, StepMetric  # noqa: E402
 # The ledger API this benchmark drives, imported in ONE place.
-from campaign.ledger.reads import describe_campaign, get_campaign, sample_campaign_steps  # noqa: E402
+from campaign.ledger.reads import get_campaign, sample_campaign_steps  # noqa: E402
+from campaign.summary import describe_campaign  # noqa: E402
 from campaign.ledger.writes import (  # noqa: E402
     create_attempt, create_campaign, ensure_stage_runs, ingest_steps, set_campaign_state)
 

@@ -1,5 +1,5 @@
-"""One attempt: what the supervisor is asked to run (`AttemptRequest`), the one launch plan
-built from it, and what a stage module sees of attempts (`StageContext`, `AttemptOutcome`).
+"""One attempt as data: what the supervisor is asked to run (`AttemptRequest`), the one
+launch plan built from it, and the trainer config it carries (`trainer_config`).
 
     request = build_request(site, command, run_dir=..., nodes=2, excluded=[], timeout_s=600, ...)
     plan = request.launch_plan(hosts)        # the supervisor, the bisection drill and --dry-run
@@ -8,43 +8,29 @@ built from it, and what a stage module sees of attempts (`StageContext`, `Attemp
 `build_request` is a pure function of the spec's site and trainer command; it is the only
 place that decides the trainer's argv and environment, so `campaign submit --dry-run`
 shows exactly what the supervisor will start (paths and the rendezvous port aside).
-A stage module asks its `StageContext` for attempts (`ctx.launch(...)`); the engine runs
-each through its attempt runner (the Parsl app by default) and ingests the trainer's
-metrics while it runs. Only the driver process writes the ledger.
+A stage module asks its `StageContext` (`campaign.stagecontext`) for attempts; the engine
+runs each through its attempt runner (`campaign.runner`; the Parsl app by default).
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import sys
-import time
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from campaign import contract, evidence, exits, goodput, reference, report
-from campaign.ledger import reads, writes
-from campaign.ledger.db import transient
-from campaign.ledger.models import Attempt, StageRun, utcnow
+from campaign import contract, rundir
 from campaign.stagebase import StrictModel
 from campaign.watchdog import WatchdogPolicy
 
 if TYPE_CHECKING:
-    from campaign.engine import Engine
     from campaign.executors.base import Site
     from campaign.executors.launchers import LaunchPlan
-    from campaign.ledger import Ledger
-    from campaign.reference import Reference
     from campaign.spec import CampaignSpec
-    from campaign.stagebase import StageSpec, Targets
+    from campaign.stagebase import Targets
     from campaign.train.config import Fault, TrainerConfig
 
-INGEST_PERIOD_S = 1.0
-"""How often a running attempt's metrics are ingested (one transaction each time)."""
 HEARTBEAT_INTERVAL_S = 1.0
 """How often each node's local rank 0 rewrites its heartbeat file."""
 
@@ -103,11 +89,11 @@ class AttemptRequest(StrictModel):
 
     @property
     def hostfile(self) -> Path:
-        return Path(self.run_dir) / "hostfile"
+        return Path(self.run_dir) / rundir.HOSTFILE
 
     @property
     def config_path(self) -> Path:
-        return Path(self.run_dir) / "trainer.json"
+        return Path(self.run_dir) / rundir.TRAINER_CONFIG
 
     def launch_plan(self, hosts: list[str], *, python: str | None = None) -> LaunchPlan:
         """The one launch plan of this attempt on `hosts` (rank order)."""
@@ -125,7 +111,7 @@ class AttemptRequest(StrictModel):
 
     def for_drill(self, drill_dir: Path, master_port: int | None) -> AttemptRequest:
         """The same launch for a short collective drill in `drill_dir` (bisection)."""
-        env = {**self.env, "CAMPAIGN_RUN_DIR": str(drill_dir), "CAMPAIGN_HOSTFILE": str(drill_dir / "hostfile")}
+        env = {**self.env, "CAMPAIGN_RUN_DIR": str(drill_dir), "CAMPAIGN_HOSTFILE": str(drill_dir / rundir.HOSTFILE)}
         argv = ["{python}", "-m", "campaign.train.drill", "--config", str(self.config_path)]
         return self.model_copy(update={"run_dir": str(drill_dir), "env": env, "argv": argv,
                                        "master_port": master_port})
@@ -138,10 +124,10 @@ def build_request(site: Site, config: TrainerConfig, *, run_dir: Path, nodes: in
     """The request of one attempt: a pure function of the site, the attempt's trainer config
     (`trainer_config`) and the checkpoint it resumes from (the trainer's argv: its command
     template, expanded; the targets also as environment variables: `campaign.contract`)."""
-    config_path = run_dir / "trainer.json"
+    config_path = run_dir / rundir.TRAINER_CONFIG
     env = {
         "CAMPAIGN_RUN_DIR": str(run_dir),
-        "CAMPAIGN_HOSTFILE": str(run_dir / "hostfile"),
+        "CAMPAIGN_HOSTFILE": str(run_dir / rundir.HOSTFILE),
         "CAMPAIGN_ATTEMPT": str(config.run.attempt),
         "CAMPAIGN_TRAINER_CONFIG": str(config_path),
         "CAMPAIGN_HEARTBEAT_INTERVAL": str(HEARTBEAT_INTERVAL_S),
@@ -154,7 +140,7 @@ def build_request(site: Site, config: TrainerConfig, *, run_dir: Path, nodes: in
         env["CAMPAIGN_ALLOW_FAULTS"] = "1"
     options = site.launch_options()
     env.update(options.env)
-    values = contract.placeholder_values(config, run_dir=run_dir, config=config_path, hostfile=run_dir / "hostfile",
+    values = contract.placeholder_values(config, run_dir=run_dir, config=config_path, hostfile=run_dir / rundir.HOSTFILE,
                                          spec_dir=spec_dir)
     return AttemptRequest(
         run_dir=str(run_dir), attempt=config.run.attempt, allocation=site.node_names(), exclude=sorted(excluded),
@@ -191,369 +177,3 @@ def trainer_config(spec: CampaignSpec, targets: Targets, *, stage_dir: Path, att
                       rescue=targets.resume and not targets.exact and contract.rescue(train, spec.site.launcher),
                       rescue_linger_s=20.0 if spec.site.launcher == "local" else 0.0),
     )
-
-
-AttemptRunner = Callable[[AttemptRequest], "Future[dict[str, Any]]"]
-"""Runs the supervisor for a request somewhere and returns a future of its report."""
-
-
-def run_in_thread(request: AttemptRequest) -> Future[dict[str, Any]]:
-    """An attempt runner without Parsl: the supervisor in a thread of this process (tests,
-    and a machine where the driver runs on the node itself)."""
-    from campaign.supervisor import supervise
-
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="supervisor")
-    future = pool.submit(supervise, request)
-    pool.shutdown(wait=False)
-    return future
-
-
-@dataclass
-class AttemptOutcome:
-    """An attempt as a stage sees it: the supervisor's report plus what the trainer wrote."""
-
-    attempt_id: int
-    number: int
-    run_dir: Path
-    nodes: list[str]
-    world_size: int
-    report: dict[str, Any]
-    metrics: list[dict[str, Any]]
-    startup: dict[str, Any] | None
-    checkpoints: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def exit_code(self) -> int:
-        return int(self.report["exit_code"])
-
-    @property
-    def exit_class(self) -> str:
-        return str(self.report["exit_class"])
-
-    @property
-    def suspects(self) -> list[dict[str, Any]]:
-        return list(self.report.get("suspects") or [])
-
-    @property
-    def last_step(self) -> int | None:
-        return self.report.get("last_step")
-
-    @property
-    def losses(self) -> dict[int, float]:
-        return {int(m["step"]): m["loss"] for m in self.metrics}
-
-    @property
-    def rank0_log(self) -> Path:
-        """Rank 0's output: its own log (local launcher) or the launcher's (mpiexec, srun)."""
-        own = self.run_dir / "logs" / "rank-0.log"
-        return own if own.exists() else self.run_dir / "logs" / "launcher.log"
-
-    def as_dict(self) -> dict[str, Any]:
-        files = {name: (self.run_dir / name).exists() for name in (report.METRICS_FILE, report.STARTUP_FILE)}
-        return {**self.report, "metrics": self.metrics, "startup": self.startup, "world_size": self.world_size,
-                "checkpoints": self.checkpoints, "run_dir": str(self.run_dir), "log": str(self.rank0_log),
-                "files": files}
-
-
-class StageContext:
-    """What a stage module may do: launch attempts, exclude nodes, report events, read references."""
-
-    def __init__(self, engine: Engine, run: StageRun, stage: StageSpec) -> None:
-        self.engine, self.run, self.stage = engine, run, stage
-        self.spec = engine.spec
-        self.stage_dir = engine.run_root / run.name
-        self._bad_rows: dict[int, dict[str, Any]] = {}  # attempt id -> summary["bad_metric_rows"] so far
-
-    @property
-    def ledger(self) -> Ledger:
-        return self.engine.ledger
-
-    def reference_losses(self, ref: Reference) -> dict[int, float]:
-        """Losses by step of a reference: a ledger stage run or a CSV next to the campaign file."""
-        if ref.file:
-            path = Path(ref.file)
-            return reference.read_csv(path if path.is_absolute() else self.engine.spec_dir / path)
-        assert ref.stage_run is not None
-        return reference.from_ledger(self.ledger, ref.stage_run)
-
-    def stage_progress(self) -> dict[str, Any]:
-        """What the ledger holds of this stage run so far (all attempts, orphans adopted on
-        recovery included): its step, tokens and last loss."""
-        with self.ledger.session() as s:
-            run = s.get(StageRun, self.run.id)
-            assert run is not None
-            return {"step": run.steps, "tokens": run.tokens, "loss": run.last_loss}
-
-    def steps_for_tokens(self, tokens: int, nodes: int | None) -> int:
-        """Steps that train at least `tokens` tokens at this stage's node count."""
-        from campaign.stagebase import steps_for_tokens
-
-        return steps_for_tokens(self.spec, tokens, nodes)
-
-    def show_table(self, title: str, rows: list[dict[str, Any]], columns: list[str]) -> None:
-        self.engine.progress.table(f"{self.run.name}: {title}", rows, columns)
-
-    def event(self, kind: str, message: str, *, attempt_id: int | None = None, data: dict[str, Any] | None = None) -> None:
-        """Record an event in the ledger and show it."""
-        for unit in self.engine.writes("recording an event"):
-            with unit as s:
-                run = s.get(StageRun, self.run.id)
-                assert run is not None
-                a = s.get(Attempt, attempt_id) if attempt_id else None
-                writes.add_event(s, run.campaign, kind, message, stage_run=run, attempt=a, data=data)
-        self.engine.progress.event(message)
-
-    def exclude_suspects(self, outcome: AttemptOutcome, *, hours: float | None,
-                         only: list[str] | None = None) -> list[str]:
-        """Exclude the outcome's suspect nodes (those in `only`, if given) on this site, with
-        their evidence; returns the nodes excluded."""
-        return self._exclude(outcome, [s for s in outcome.suspects if only is None or s["node"] in only], hours)
-
-    def reclassify(self, outcome: AttemptOutcome, changes: dict[str, Any]) -> AttemptOutcome:
-        """Record what a later look at the evidence says of a finished attempt (the confirming
-        retry's verdict): its exit class, suspects, error and finding."""
-        outcome.report = {**outcome.report, **changes}
-        for unit in self.engine.writes("recording the confirmed verdict"):
-            with unit as s:
-                a = s.get(Attempt, outcome.attempt_id)
-                assert a is not None
-                a.state = outcome.exit_class
-                a.suspects = list(outcome.suspects)
-                a.summary = {**(a.summary or {}), **_summary(outcome.report)}
-        return outcome
-
-    def confirm(self, first: AttemptOutcome, retry: AttemptOutcome) -> AttemptOutcome:
-        """The confirming retry's outcome with what the two failures say together
-        (`evidence.confirm`): the failure followed the node, the rank, or moved."""
-        before, now = first.report.get("finding"), retry.report.get("finding")
-        if not before or not now or retry.exit_code == 0:
-            return retry
-        finding = evidence.confirm(evidence.Finding.from_dict(before), evidence.Finding.from_dict(now))
-        cls = exits.classify_finding(retry.exit_code, finding.kind)
-        self.event("confirmed", f"confirming retry: {finding.message}", attempt_id=retry.attempt_id,
-                   data={"finding": finding.to_dict()})
-        return self.reclassify(retry, {"finding": finding.to_dict(), "exit_class": cls, "error": finding.message,
-                                       "suspects": [s.to_dict() for s in finding.suspects]})
-
-    def launch_confirmed(self, targets: Targets, *, retry_targets: Targets | None = None,
-                         **kw: Any) -> tuple[AttemptOutcome, AttemptOutcome | None]:
-        """`launch`, and when the attempt ends in a class the evidence can neither pin on a node
-        nor call systemic (`exits.CONFIRM_ONCE`: a one-off abort, say), the one confirming retry
-        the finding promised, with the ranks moved to other nodes (`retry_targets`, if given).
-        Returns the outcome to judge (the retry's, with `confirm`'s reading of both failures)
-        and the first outcome when a retry was made (None otherwise)."""
-        first = self.launch(targets, **kw)
-        if first.exit_class not in exits.CONFIRM_ONCE:
-            return first, None
-        label = ", ".join(x for x in (kw.get("label"), "confirming retry") if x)
-        retry = self.launch(retry_targets or targets, **{**kw, "label": label, "rotate": 1})
-        return self.confirm(first, retry), first
-
-    def exclude_stragglers(self, outcome: AttemptOutcome, *, hours: float | None) -> list[str]:
-        """Exclude the outcome's straggler nodes (the spec asked for it)."""
-        found = [{"node": st["node"], "reason": f"straggler: {st['ratio']:.1f}x the other nodes' compute time",
-                  "evidence": st} for st in outcome.report.get("stragglers") or []]
-        return self._exclude(outcome, found, hours)
-
-    def _exclude(self, outcome: AttemptOutcome, suspects: list[dict[str, Any]], hours: float | None) -> list[str]:
-        expires = utcnow() + dt.timedelta(hours=hours) if hours else None
-        for unit in self.engine.writes("recording exclusions"):
-            with unit as s:
-                names = []
-                a = s.get(Attempt, outcome.attempt_id)
-                assert a is not None
-                for sus in suspects:
-                    evidence = {**sus.get("evidence", {}), "attempt": outcome.number, "exit_class": outcome.exit_class,
-                                "stall": outcome.report.get("stall")}
-                    writes.exclude_node(s, site=self.engine.site_name, node=sus["node"], reason=sus["reason"],
-                                        evidence=evidence, attempt=a, expires=expires)
-                    writes.add_event(s, a.stage_run.campaign, "node_excluded", f"excluded {sus['node']}: {sus['reason']}",
-                                     stage_run=a.stage_run, attempt=a, data={"node": sus["node"], "evidence": evidence})
-                    names.append(sus["node"])
-        for sus in suspects:
-            self.engine.progress.event(f"excluded {sus['node']}: {sus['reason']}")
-        return names
-
-    def launch(self, targets: Targets, *, nodes: int | None = None, timeout_s: float,
-               faults: tuple[Fault, ...] = (), label: str = "", interrupt: dict[str, Any] | None = None,
-               watchdog: WatchdogPolicy | None = None, rotate: int = 0) -> AttemptOutcome:
-        """Run one attempt of the trainer to `targets` on `nodes` active nodes and return its outcome.
-
-        `targets.resume`: continue from the newest complete checkpoint in the stage's folder
-        `targets.checkpoints`. `interrupt`: {"after_step": S, "signal": "SIGKILL"|"SIGTERM"}: the
-        supervisor sends the signal to the whole job once step S is reported (a deliberate
-        interruption). `rotate`: move ranks to other nodes (see `AttemptRequest.rotate`).
-        """
-        from campaign.supervisor import free_port
-
-        self.engine.check_cancel()
-        n = nodes or self.spec.site.nodes
-        ckpt = self.stage_dir / targets.checkpoints
-        for unit in self.engine.writes("recording a new attempt"):
-            with unit as s:
-                run = s.get(StageRun, self.run.id)
-                assert run is not None
-                a = writes.create_attempt(s, run, nodes=[], ranks_per_node=self.spec.site.ranks_per_node, run_dir="",
-                                          label=label, tokens_base=_tokens_base(run, targets.resume))
-                a.run_dir = str(self.stage_dir / f"attempt-{a.number:03d}")
-                number, attempt_id = a.number, a.id
-                excluded = sorted({e.node for e in reads.list_exclusions(s, self.engine.site_name)})
-        run_dir = self.stage_dir / f"attempt-{number:03d}"
-        run_dir.mkdir(parents=True, exist_ok=True)
-        config = trainer_config(self.spec, targets, stage_dir=self.stage_dir, attempt=number, faults=faults)
-        resume_from = contract.newest_complete(self.spec.trainer.checkpoints, ckpt) if targets.resume else None
-        request = build_request(self.spec.site, config, run_dir=run_dir, nodes=n, excluded=excluded,
-                                timeout_s=timeout_s, master_port=free_port(), spec_dir=self.engine.spec_dir,
-                                resume_from=resume_from, watchdog=watchdog,
-                                interrupt=Interrupt.model_validate(interrupt) if interrupt else None)
-        if rotate:
-            request = request.model_copy(update={"rotate": rotate})
-        request.config_path.write_text(config.model_dump_json(indent=2))
-        steps = targets.steps
-        self.engine.progress.attempt_started(self.run.name, number, n, steps, label)
-        self.engine.current_run_dir = run_dir
-        rep, offset = self._supervise(request, attempt_id, steps)
-        if rep.get("short_of_nodes") and self.engine.renew_block(excluded):
-            # The block has too few usable nodes left (spares spent): a new block, then again.
-            rep, offset = self._supervise(request, attempt_id, steps)
-        elif rep.get("block_failed") and self.engine.restart_block(rep["error"]):
-            # Parsl gives up on an executor whose block never started; a fresh load, then again.
-            rep, offset = self._supervise(request, attempt_id, steps)
-        self.engine.current_run_dir = None
-        self._ingest(attempt_id, run_dir, offset, steps, last=True)
-        return self._finish(attempt_id, number, run_dir, rep, ckpt)
-
-    def _supervise(self, request: AttemptRequest, attempt_id: int, steps: int) -> tuple[dict[str, Any], int]:
-        """Start the supervisor through the engine's runner and ingest metrics until it returns."""
-        from campaign.supervisor import STOP_FILE
-
-        run_dir = Path(request.run_dir)
-        future = self.engine.start_attempt(request)
-        offset = 0
-        while not future.done():
-            time.sleep(INGEST_PERIOD_S / 4)
-            self.engine.check_lease()
-            offset = self._ingest(attempt_id, run_dir, offset, steps)
-            if self.engine.cancel_requested:
-                (run_dir / STOP_FILE).touch()
-            lost = self.engine.runner_lost()
-            if lost is not None:  # the future would never complete: stop the job ourselves
-                from campaign.recovery import stop_orphan
-
-                stopped = stop_orphan(run_dir, self.spec.site)
-                (run_dir / STOP_FILE).unlink(missing_ok=True)  # the job is stopped; a relaunch may start
-                rep = _app_failure(RuntimeError(f"{lost}; {stopped}"), run_dir)
-                return {**rep, "exit_code": 143, "exit_class": "block_lost", "block_failed": True}, offset
-        try:
-            return future.result(), offset
-        except Exception as e:  # the app itself failed: its block ended, or a bug/serialization problem
-            return _app_failure(e, run_dir), offset
-
-    def _ingest(self, attempt_id: int, run_dir: Path, offset: int, steps: int, *, last: bool = False) -> int:
-        """Ingest metrics.jsonl from `offset`; returns the offset to go on from. While the
-        ledger does not answer, the offset stays: the rows are ingested at a later tick
-        (metrics.jsonl is the buffer), and the attempt goes on. `last`: the attempt has
-        ended, there is no later tick: retry through the outage (`Ledger.retrying`)."""
-        got = report.read_metrics_checked(run_dir, offset)
-        earlier = self._bad_rows.get(attempt_id)
-        bad = report.bad_rows_summary(got, run_dir, earlier)
-        if not (got.rows or got.bad):
-            return got.offset
-        if last:
-            for unit in self.engine.writes("ingesting the attempt's last steps"):
-                with unit as s:
-                    number = self._write_rows(s, attempt_id, got.rows, bad, earlier)
-        else:
-            try:
-                with self.ledger.session() as s:
-                    number = self._write_rows(s, attempt_id, got.rows, bad, earlier)
-            except Exception as e:
-                if not transient(e):
-                    raise
-                self.engine.ledger_unreachable(e)
-                return offset  # read again at the next tick: nothing counted twice
-        if bad is not None and earlier is None:
-            self.engine.progress.event(f"warning: {self.run.name} attempt {number}: {reads.bad_rows_line(bad)}")
-        if bad is not None:
-            self._bad_rows[attempt_id] = bad
-        if got.rows:
-            self.engine.progress.steps(self.run.name, got.rows[-1], steps)
-        return got.offset
-
-    @staticmethod
-    def _write_rows(s: Any, attempt_id: int, rows: list[dict[str, Any]], bad: dict | None, earlier: dict | None) -> int:
-        """One unit of ingestion: the rows, and the bad-row count when it grew; the attempt's number."""
-        a = s.get(Attempt, attempt_id)
-        assert a is not None
-        writes.ingest_steps(s, a, rows)
-        if bad is not earlier:
-            writes.record_bad_metric_rows(s, a, bad, first=earlier is None)
-        return int(a.number)
-
-    def _finish(self, attempt_id: int, number: int, run_dir: Path, rep: dict[str, Any], ckpt: Path) -> AttemptOutcome:
-        checked = report.read_metrics_checked(run_dir)  # the whole file: the count of bad rows is exact
-        metrics, summary = checked.rows, _summary(rep)
-        bad = report.bad_rows_summary(checked, run_dir)
-        if bad is not None:
-            summary["bad_metric_rows"] = bad
-        checkpoints = contract.list_checkpoints(self.spec.trainer.checkpoints, ckpt) if ckpt.exists() else []
-        for unit in self.engine.writes("recording the attempt's end"):
-            with unit as s:
-                a = s.get(Attempt, attempt_id)
-                assert a is not None
-                a.nodes = list(rep.get("nodes") or [])
-                for ck in checkpoints:
-                    writes.record_checkpoint(s, a.stage_run, a, step=ck["step"], tokens=ck.get("tokens") or 0,
-                                             path=str(ck["path"]), complete=bool(ck["complete"]))
-                writes.finish_attempt(s, a, state=rep["exit_class"], exit_code=rep["exit_code"],
-                                      suspects=rep.get("suspects", []), summary=summary)
-                goodput.record_attempt(s, a, report.read_events(run_dir))
-        self.engine.progress.attempt_finished(self.run.name, number, rep)
-        if rep.get("rescue"):
-            self.event("rescue", rescue_message(rep["rescue"]), attempt_id=attempt_id, data=rep["rescue"])
-        for st in rep.get("stragglers") or []:
-            self.event("straggler", f"straggler {st['node']}: computes {st['ratio']:.1f}x as long per step as the "
-                       f"other nodes' median ({st['compute_s'] * 1000:.0f} ms vs {st['others_median_s'] * 1000:.0f} ms)",
-                       attempt_id=attempt_id, data=st)
-        nodes = list(rep.get("nodes") or [])
-        return AttemptOutcome(attempt_id, number, run_dir, nodes, len(nodes) * self.spec.site.ranks_per_node, rep,
-                              metrics, report.read_startup(run_dir), checkpoints)
-
-
-def rescue_message(r: dict[str, Any]) -> str:
-    """One line for the ledger's event of a rescue (the supervisor's `rescue` report)."""
-    if r.get("saved"):
-        return (f"rescue checkpoint of step {r['step']} saved by rank {r['rank']} in {r.get('seconds', 0):.2f} s "
-                f"(asked {r.get('waited_s', 0):.2f} s before the launch was stopped)")
-    return f"no rescue checkpoint: {r.get('why', 'unknown')}"
-
-
-def _app_failure(e: Exception, run_dir: Path) -> dict[str, Any]:
-    """The report of an attempt whose supervisor app never returned."""
-    from parsl.executors.errors import BadStateException
-    from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
-
-    lost = isinstance(e, (ManagerLost, WorkerLost))
-    unstarted = isinstance(e, BadStateException)  # the block's workers never registered
-    metrics, _ = report.read_metrics(run_dir)
-    what = ("the block failed to start its worker" if unstarted else "the block ended under the attempt" if lost
-            else "supervisor app failed")
-    return {"exit_code": 143 if lost or unstarted else 1,
-            "exit_class": "block_lost" if lost or unstarted else "crashed_systemic",
-            "block_failed": unstarted, "duration_s": 0.0, "nodes": [], "suspects": [], "killed_by": None,
-            "last_step": metrics[-1]["step"] if metrics else None, "error": f"{what}: {str(e)[:2000]}"}
-
-
-def _tokens_base(run: StageRun, resume: bool) -> int:
-    """Stage tokens before a new attempt: a resuming attempt continues the chain of the
-    newest earlier attempt (its cumulative tokens go on from the checkpoint); a fresh one
-    adds to what the stage already trained."""
-    if resume and run.attempts:
-        return int(run.attempts[-1].tokens_base)
-    return int(run.tokens)
-
-
-def _summary(rep: dict[str, Any]) -> dict[str, Any]:
-    keep = ("duration_s", "killed_by", "stall", "first_failure", "launch_command", "launch_text", "error",
-            "detected_after_s", "spares", "allocation", "stragglers", "finding", "rescue")
-    return {k: rep.get(k) for k in keep if rep.get(k) not in (None, [])}

@@ -102,12 +102,13 @@ def schema_revisions(url: str) -> tuple[str | None, str]:
 
 def status_data(ledger: Ledger, name: str | None) -> Any:
     """`campaign status [NAME] --json`: the list of campaigns, or one campaign's detail."""
+    from campaign import summary
     from campaign.ledger import reads
 
     with ledger.session() as s:
         if name is None:
             return [reads.summarize_campaign_row(s, c) for c in reads.list_campaigns(s)]
-        return reads.describe_campaign(s, reads.require_campaign(s, name, ledger.display_url))
+        return summary.describe_campaign(s, reads.require_campaign(s, name, ledger.display_url))
 
 
 def live_driver(ledger: Ledger, name: str) -> dict[str, Any] | None:
@@ -166,6 +167,7 @@ def plot_data(ledger: Ledger, names: Sequence[str], kind: str = "progress", stag
     allowed), and `summaries` (goodput: each campaign's status summary), `tables`
     (scaling: [label, rows]) or `series` (progress, steps;
     downsampled in SQL to about `max_points` per campaign)."""
+    from campaign import summary
     from campaign.ledger import reads
 
     check_plot_names(names)
@@ -173,7 +175,7 @@ def plot_data(ledger: Ledger, names: Sequence[str], kind: str = "progress", stag
         found = reads.find_campaigns(s, tuple(names), ledger.display_url)
         out: dict[str, Any] = {"names": [c.name for c in found]}
         if kind == "goodput":  # the status summaries carry each stage's goodput (campaign.goodput)
-            out["summaries"] = [reads.summarize_campaign(s, c) for c in found]
+            out["summaries"] = [summary.summarize_campaign(s, c) for c in found]
             return out
         if kind == "scaling":
             out["tables"] = [[f"{c.name} / {r.name}" if len(found) > 1 else r.name, r.numbers["table"]]
@@ -213,9 +215,7 @@ def draw_plot(data: dict[str, Any], kind: str, out_dir: Path, *, reference_file:
 
     found = data["names"]
     if kind == "goodput":
-        from campaign.goodput_views import goodput_figure
-
-        fig = goodput_figure(data["summaries"])
+        fig = plots.goodput_figure(data["summaries"])
     elif kind == "scaling":
         if not data["tables"]:
             raise CampaignError(f"no scaling table in {', '.join(found)}: run a scaling stage first")
@@ -242,12 +242,13 @@ def export_page(ledger: Ledger, name: str, what: str = "steps", cursor: Sequence
                 max_rows: int = PAGE_ROWS, max_bytes: int = PAGE_BYTES) -> dict[str, Any]:
     """One page of `ledger export`: {"rows", "cursor"} (cursor None: the last page). Steps
     are paged by (attempt, step) on the index; attempts and nodes come whole."""
+    from campaign import summary
     from campaign.ledger import reads
 
     with ledger.session() as s:
         c = reads.find_campaigns(s, (name,), ledger.display_url)[0]
         if what == "attempts":
-            return {"rows": reads.describe_campaign(s, c)["attempts_detail"], "cursor": None}
+            return {"rows": summary.describe_campaign(s, c)["attempts_detail"], "cursor": None}
         if what == "nodes":
             return {"rows": reads.list_campaign_nodes(s, c), "cursor": None}
         rows, nxt = _steps_page(s, c, cursor, max_rows, max_bytes)

@@ -46,7 +46,7 @@ def command_line(trainer: TrainConfig, values: dict[str, str], spec_dir: Path,
     started through the node's fork server when `warm_start(trainer, launcher)`."""
     template = list(trainer.command or DEFAULT_COMMAND)
     if warm_start(trainer, launcher):  # the rank's process is the fork server's client
-        template = [template[0], "-m", "campaign.train.warm", "--", *template]
+        template = [template[0], "-m", "campaign.executors.warm", "--", *template]
     argv = [_expand(_resolve(a, spec_dir), values) for a in template]
     if resume_from is not None:
         extra = {**values, "resume_path": str(resume_from["path"]), "resume_step": str(resume_from["step"])}
@@ -55,7 +55,7 @@ def command_line(trainer: TrainConfig, values: dict[str, str], spec_dir: Path,
 
 
 def warm_start(trainer: TrainConfig, launcher: str) -> bool:
-    """Whether ranks start from the node's fork server (campaign.train.warm): `true` for a
+    """Whether ranks start from the node's fork server (campaign.executors.warm): `true` for a
     command that starts with `{python}`; `auto` for the built-in trainer with the local
     launcher (a script of your own runs in the warm interpreter only when you ask)."""
     if trainer.warm_start is True:  # validation refused it for a command not starting with {python}
@@ -149,9 +149,9 @@ def custom_trainer_warnings(spec: CampaignSpec) -> list[str]:
         out.append(f"trainer.{', trainer.'.join(own)}: built-in trainer field(s); your command gets them only in "
                    "trainer.json ({config})")
     for i, st in enumerate(spec.stages):
-        if getattr(st, "faults", None):
+        if st.injected_faults():
             out.append(f"stages[{i}].faults: fault injection is the built-in trainer's; your trainer ignores it")
-        if getattr(st, "tokens", None) and spec.trainer.progress == "stdout":
+        if st.token_target() and spec.trainer.progress == "stdout":
             out.append(f"stages[{i}].tokens: a token target needs tokens in the progress lines; with progress: "
                        "stdout give `steps` unless step_pattern has a `tokens` group")
     return out

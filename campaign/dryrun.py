@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from campaign import stages
+from campaign import rundir, stages
 from campaign.attempt import AttemptRequest, build_request, trainer_config, version_root
 from campaign.spec import CampaignSpec
 from campaign.stagebase import StageSpec
@@ -36,7 +36,7 @@ def render_dry_run(spec: CampaignSpec, workdir: Path, spec_dir: Path | None = No
         out += [f"$ {c}" for c in commands]
         out.append(script.rstrip())
     for i, stage in enumerate(spec.stages, 1):
-        counts = getattr(stage, "node_counts", None) or [stage.nodes or site.nodes]
+        counts = stage.attempt_nodes(site.nodes)
         out.append(f"\n## stage {i}/{len(spec.stages)} {stage.label} ({stage.kind}): "
                    f"{'/'.join(map(str, counts))} node(s) x {site.ranks_per_node} rank(s), timeout {stage.timeout_s:g} s")
         for number, n in enumerate(counts, 1):
@@ -63,8 +63,8 @@ def _request(spec: CampaignSpec, stage: StageSpec, n: int, stage_dir: Path, atte
 
     targets = stages.module(stage.kind).first_targets(stage, spec, n)
     config = trainer_config(spec, targets, stage_dir=stage_dir, attempt=attempt,
-                            faults=tuple(getattr(stage, "faults", ())))
-    return build_request(spec.site, config, run_dir=stage_dir / f"attempt-{attempt:03d}", nodes=n, excluded=[],
+                            faults=stage.injected_faults())
+    return build_request(spec.site, config, run_dir=rundir.attempt_dir(stage_dir, attempt), nodes=n, excluded=[],
                          timeout_s=stage.timeout_s, master_port=launchers.DEFAULT_MASTER_PORT,
                          spec_dir=(spec_dir or Path.cwd()).resolve())
 
@@ -85,10 +85,10 @@ def dry_run_document(spec: CampaignSpec, workdir: Path, spec_dir: Path | None = 
     device_type, per_node = site.devices()
     stages = []
     for stage in spec.stages:
-        counts = getattr(stage, "node_counts", None) or [stage.nodes or site.nodes]
+        counts = stage.attempt_nodes(site.nodes)
         attempts = []
         for number, n in enumerate(counts, 1):
-            run_dir = root / stage.label / f"attempt-{number:03d}"
+            run_dir = rundir.attempt_dir(root / stage.label, number)
             request = _request(spec, stage, n, root / stage.label, number, spec_dir)
             plan = request.launch_plan(site.example_nodes(n)[:n], python="python")
             attempts.append({"nodes": n, "run_dir": str(run_dir), "command": launchers.render(site.launcher, plan),

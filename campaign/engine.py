@@ -7,9 +7,9 @@ One submission: take the campaign's lease (one driver at a time), recover what a
 driver left (`campaign.recovery`), load one Parsl config of the site (the block
 lifecycle: load, renew when the spares are spent, restart when a block never started,
 unload), and for each stage not yet passed hand its module a `StageContext`
-(`campaign.attempt`); the stage asks for attempts. Each attempt runs through the
+(`campaign.stagecontext`); the stage asks for attempts. Each attempt runs through the
 engine's attempt runner: by default the supervisor as a Parsl app on the site's
-executor; `runner=campaign.attempt.run_in_thread` runs it in this process without Parsl
+executor; `runner=campaign.runner.run_in_thread` runs it in this process without Parsl
 (fast tests). Only this process writes the ledger.
 """
 
@@ -30,7 +30,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from campaign import goodput, report, stages
-from campaign.attempt import AttemptRequest, AttemptRunner, StageContext, version_root
+from campaign.attempt import AttemptRequest, version_root
 from campaign.errors import CampaignConflict, LeaseLost
 from campaign.executors.base import LABEL, Site
 from campaign.lease import DriverLease
@@ -38,10 +38,13 @@ from campaign.ledger import Ledger
 from campaign.ledger import reads, writes
 from campaign.ledger.models import Campaign, StageRun
 from campaign.progress import Progress
-from campaign.recovery import DRIVER_FILE, reap_dead_driver, recover_orphans
+from campaign.recovery import reap_dead_driver, recover_orphans
+from campaign.rundir import DRIVER_FILE, STOP_FILE
+from campaign.runner import AttemptRunner
 from campaign.spec import CampaignSpec, reread_digest
 from campaign.stagebase import StageSpec, Verdict
-from campaign.supervisor import STOP_FILE
+from campaign.stagecontext import StageContext
+from campaign.summary import summarize_campaign
 
 EXIT_CANCELLED = 130
 """`campaign submit` exit code when the campaign was cancelled."""
@@ -340,7 +343,7 @@ class Engine:
                          for r in runs)
                 state = "cancelled" if cancelled else "succeeded" if ok else "failed"
                 writes.set_campaign_state(s, c, state)
-                summary = reads.summarize_campaign(s, c)
+                summary = summarize_campaign(s, c)
         self.progress.campaign_finished(summary)
         return EXIT_CANCELLED if cancelled else 0 if ok else 1
 

@@ -222,12 +222,20 @@ def add_to_summary(s: Session, c: Campaign, out: dict[str, Any]) -> dict[str, An
         r = runs.get(st["name"])
         st["goodput"] = public(r.goodput if r else None)
         st["checkpoint_interval"] = None
-        if st["kind"] == "long_run":
+        if _periodic_checkpoints(st["kind"]):
             sp = spec_stages.get(st["name"]) or {}
             sug = suggest_interval(s, c, nodes=sp.get("nodes") or (c.spec_json.get("site") or {}).get("nodes") or 1,
                                    mtbf_s=sp.get("mtbf_s"))
             st["checkpoint_interval"] = sug.as_dict() if sug else None
     return out
+
+
+def _periodic_checkpoints(kind: str) -> bool:
+    """Whether stage runs of `kind` checkpoint periodically to a target (its spec class says;
+    an imported run's kinds are none of ours)."""
+    from campaign import stages
+
+    return kind in stages.KINDS and bool(stages.spec_class(kind).periodic_checkpoints)
 
 
 # --- the checkpoint interval (Young/Daly) ---------------------------------------------
@@ -321,8 +329,7 @@ def check_auto(open_ledger: Callable[[], Any], spec: Any, path: str) -> None:
     is opened (`open_ledger()`, never creating one) only when such a stage exists."""
     from campaign.errors import SpecError
 
-    auto = [i for i, st in enumerate(spec.stages)
-            if getattr(st, "checkpoint_every", None) == "auto" and not getattr(st, "mtbf_s", None)]
+    auto = [i for i, st in enumerate(spec.stages) if st.needs_failure_rate()]
     if not auto or _site_has_faults(open_ledger, spec.site.kind):
         return
     raise SpecError(path, [f"stages[{i}].checkpoint_every: auto needs a failure rate and the ledger has no fault "

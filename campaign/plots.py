@@ -13,6 +13,7 @@ work on a login node and in tests. Only `campaign plot` imports this module.
 * scaling:  tokens/s (with ideal linear scaling), efficiency and the collective-time share
   against node count, from each scaling stage's table.
 * steps:    step time and loss against step; attempt boundaries dotted, relaunches red.
+* goodput:  stacked bars of productive time and each lost bucket, per stage and campaign.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
-from campaign.views import fmt_tokens
+from campaign.goodput import LOST
+from campaign.views import GOODPUT_LABELS, fmt_tokens
 
 DPI = 100
 PROGRESS_SIZE = (10.0, 6.0)
@@ -39,6 +41,8 @@ NODE_STYLES = ("-", "--", ":", "-.")
 REFERENCE_COLOURS = ("black", "0.45", "0.65", "0.3")
 FEW_POINTS = 20
 """Curves with at most this many points get markers (imported end points, short stages)."""
+GOODPUT_COLOURS = {"productive_s": "tab:green", "startup_s": "tab:blue", "checkpoint_stall_s": "tab:purple",
+                   "recomputed_s": "tab:orange", "detection_s": "tab:red", "restart_s": "tab:brown", "other_s": "0.7"}
 
 
 def _figure(size: tuple[float, float]) -> Figure:
@@ -215,6 +219,29 @@ def steps_figure(campaigns: Sequence[Sequence[dict[str, Any]]], *, title: str | 
         ax_loss.legend(fontsize=8, loc="upper right")
     names = ", ".join(dict.fromkeys(f"{s['campaign']} / {s['stage']}" for c in campaigns for s in c))
     ax_time.set_title(title or f"Step time and loss: {names}")
+    return fig
+
+
+def goodput_figure(campaigns: list[dict[str, Any]]) -> Any:
+    """Horizontal stacked bars (seconds): per stage and per campaign, productive then each lost bucket."""
+    bars = [(f"{c['name']} / {st['name']}", st["goodput"]) for c in campaigns for st in c["stages"]
+            if (st.get("goodput") or {}).get("wall_s")]
+    bars += [(f"{c['name']} (campaign)", c["goodput"]) for c in campaigns if (c.get("goodput") or {}).get("wall_s")]
+    fig = _figure((10.0, 1.6 + 0.45 * max(len(bars), 1)))
+    ax = fig.add_subplot()
+    for i, (_, g) in enumerate(bars):
+        left = 0.0
+        for key in ("productive_s", *LOST):
+            width = g["productive_s"] if key == "productive_s" else g["lost"][key]
+            ax.barh(i, width, left=left, color=GOODPUT_COLOURS[key], label=(GOODPUT_LABELS.get(key, "productive") if i == 0 else None))
+            left += width
+        ax.text(left, i, f"  ETTR {g['ettr']:.2f}", va="center", fontsize=8)
+    ax.set_yticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("wall time (s)")
+    ax.set_xlim(0, 1.12 * max((g["wall_s"] for _, g in bars), default=1.0))  # room for the ETTR labels
+    fig.legend(fontsize=8, ncols=7, loc="outside lower center")
+    ax.set_title("Goodput: productive training time and where the rest went")
     return fig
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from campaign import report
+from campaign.rundir import DRIVER_FILE, HOSTFILE, PIDS_FILE, STOP_FILE, TRAINER_CONFIG
 from campaign.lease import process_alive
 from campaign.ledger import reads, writes
 from campaign.ledger.models import Attempt, Campaign
@@ -32,8 +33,6 @@ if TYPE_CHECKING:
     from campaign.executors.base import Site
     from campaign.ledger import Ledger
 
-DRIVER_FILE = "driver.json"
-"""In the campaign directory: the driver's host and pid and its Parsl interchange's, for a successor."""
 
 
 def reap_dead_driver(campaign_dir: Path) -> int:
@@ -101,7 +100,7 @@ def adopt_orphan(s: Session, a: Attempt) -> dict[str, int]:
     if bad is not None:
         writes.record_bad_metric_rows(s, a, bad, first=not (a.summary or {}).get("bad_metric_rows"))
     try:
-        ckpt_dir = Path(json.loads((run_dir / "trainer.json").read_text())["run"]["checkpoint_dir"])
+        ckpt_dir = Path(json.loads((run_dir / TRAINER_CONFIG).read_text())["run"]["checkpoint_dir"])
     except (OSError, ValueError, KeyError, TypeError):
         return {"steps": steps, "checkpoints": 0}
     checkpoints = report.list_checkpoints(ckpt_dir) if ckpt_dir.is_dir() else []
@@ -113,8 +112,6 @@ def adopt_orphan(s: Session, a: Attempt) -> dict[str, int]:
 
 def stop_orphan(run_dir: Path, site: Site) -> str:
     """Stop the job of an attempt whose driver died. Returns what was done, for the record."""
-    from campaign.supervisor import PIDS_FILE, STOP_FILE
-
     (run_dir / STOP_FILE).touch()  # a supervisor that still lives stops its job
     try:
         pids = json.loads((run_dir / PIDS_FILE).read_text())
@@ -134,7 +131,7 @@ def _remove_node_local(run_dir: Path, attempt: str) -> None:
     """What the killed ranks left on this host's node-local storage (/dev/shm/campaign-*):
     a clean exit or the supervisor removes it, a killed supervisor cannot."""
     try:
-        nodes = (run_dir / "hostfile").read_text().split()
+        nodes = (run_dir / HOSTFILE).read_text().split()
     except OSError:
         return
     for node in nodes:

@@ -55,6 +55,8 @@ import zlib
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from campaign.rundir import EVENTS_FILE, HEARTBEAT_DIR, METRICS_FILE, STARTUP_FILE  # the contract's files, named in rundir
+
 # Exit codes of the trainer contract (docs/trainer-contract.md).
 EXIT_OK = 0
 """Done: the attempt reached its target."""
@@ -74,10 +76,6 @@ EXIT_SIGTERM = 143
 PHASES = ("init", "compute", "collective", "checkpoint", "done")
 EVENTS = ("start", "checkpoint_loaded", "checkpoint_saved", "done", "nonfinite_loss", "deadline")
 
-METRICS_FILE = "metrics.jsonl"
-EVENTS_FILE = "events.jsonl"
-STARTUP_FILE = "startup.json"
-HEARTBEAT_DIR = "heartbeats"
 COMPLETE_MARKER = ".complete"
 META_FILE = "meta.json"
 HEARTBEAT_GROUP = 256

@@ -29,20 +29,15 @@ from campaign.executors.local import LocalSite
 from campaign.executors.polaris import PolarisSite
 from campaign.executors.slurm import SlurmSite
 from campaign.stagebase import StageSpec, StrictModel
-from campaign.stages.long_run import LongRunStage
-from campaign.stages.loss_check import LossCheckStage
-from campaign.stages.resume_test import ResumeTestStage
-from campaign.stages.scaling import ScalingStage
-from campaign.stages.smoke import SmokeStage
 from campaign.train.config import DataConfig, ModelConfig, TrainConfig
 
 FD_PMI_LAUNCHERS = ("mpich",)
 """Launchers that pass PMI to each rank by an inherited file descriptor (PMI_FD): no warm start."""
 
 Site = Annotated[Union[LocalSite, AuroraSite, PolarisSite, SlurmSite], Field(discriminator="kind")]
-Stage = Annotated[
-    Union[SmokeStage, LossCheckStage, ScalingStage, LongRunStage, ResumeTestStage], Field(discriminator="kind")
-]
+Stage = Annotated[Union[tuple(stage_kinds.spec_class(kind) for kind in stage_kinds.KINDS)],  # type: ignore[misc]
+                  Field(discriminator="kind")]
+"""Any stage kind's spec class (each stage module defines one), told apart by `kind`."""
 
 
 class CampaignSpec(StrictModel):
@@ -73,14 +68,10 @@ class CampaignSpec(StrictModel):
         for i, stage in enumerate(self.stages):
             if stage.nodes is not None and stage.nodes > self.site.nodes:
                 raise ValueError(f"stages[{i}].nodes: {stage.nodes} nodes asked, but the site has {self.site.nodes}")
-            if isinstance(stage, ScalingStage):
-                try:
-                    stage.check_batch(self.trainer.micro_batch_size)
-                except ValueError as e:
-                    raise ValueError(f"stages[{i}].batch: {e}") from None
-            counts = getattr(stage, "node_counts", None) or []
-            if counts and counts[-1] > self.site.nodes:
-                raise ValueError(f"stages[{i}].node_counts: {counts[-1]} nodes asked, but the site has {self.site.nodes}")
+            try:
+                stage.check_in(self)
+            except ValueError as e:
+                raise ValueError(f"stages[{i}].{e}") from None
         return self
 
     @model_validator(mode="after")
@@ -114,7 +105,7 @@ def check_faults_allowed(spec: CampaignSpec, source: str) -> None:
     if os.environ.get("CAMPAIGN_ALLOW_FAULTS") == "1":
         return
     problems = [f"stages[{i}].faults: fault injection is for tests and drills; set CAMPAIGN_ALLOW_FAULTS=1 to run it"
-                for i, st in enumerate(spec.stages) if getattr(st, "faults", None)]
+                for i, st in enumerate(spec.stages) if st.injected_faults()]
     if problems:
         raise SpecError(source, problems)
 

@@ -3,15 +3,20 @@
 A stage module in `stages/` defines one pydantic spec class (a subclass of `StageSpec`
 with a literal `kind`), `first_targets(stage, spec, nodes) -> Targets` (what its first
 attempt must do; the dry run calls it too), a pure `judge(...) -> Verdict`, and `run(ctx, stage) -> Verdict`,
-which asks the `StageContext` (campaign.attempt) for attempts and judges their results. Stage
+which asks the `StageContext` (campaign.stagecontext) for attempts and judges their results. Stage
 modules import only pydantic and the standard library at import time, so validating a
 spec never imports torch or parsl.
+
+What the rest of the project asks of a stage (the spec's checks, the dry run, the walltime
+check, the custom-trainer warnings, the checkpoint interval) are `StageSpec` methods with a
+default here, overridden by the kinds that differ: adding a kind touches its own module only
+(tests/unit/test_stage_contract.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,6 +32,9 @@ class StrictModel(BaseModel):
 class StageSpec(StrictModel):
     """Fields every stage has."""
 
+    periodic_checkpoints: ClassVar[bool] = False
+    """The kind trains to a target with periodic checkpoints (a long run): `campaign status`
+    shows the checkpoint interval Young/Daly suggests for its stage runs."""
     name: str = Field(default="", pattern=f"^$|{names.PATTERN}")
     """Stage name, unique in the campaign (default: the kind)."""
     nodes: int | None = Field(default=None, ge=1)
@@ -39,6 +47,36 @@ class StageSpec(StrictModel):
     @property
     def label(self) -> str:
         return self.name or str(getattr(self, "kind"))
+
+    def attempt_nodes(self, site_nodes: int) -> list[int]:
+        """The node count of each attempt its first pass makes (one per count of a scaling run)."""
+        return [self.nodes or site_nodes]
+
+    def attempts_bound(self) -> int:
+        """How many attempts the stage makes when nothing fails (the walltime check's `timeout_s x N`)."""
+        return 1
+
+    def injected_faults(self) -> tuple[Any, ...]:
+        """The deliberate faults (`campaign.train.config.Fault`) its attempts inject."""
+        return ()
+
+    def token_target(self) -> int | None:
+        """A token target the stage trains to (None: a step count)."""
+        return None
+
+    def continues_across_blocks(self) -> bool:
+        """Whether the stage checkpoints at a block's end and goes on in the next one (a long
+        run), rather than having each attempt fit one block."""
+        return False
+
+    def needs_failure_rate(self) -> bool:
+        """Whether the spec must give, or the ledger hold, a failure rate for this stage
+        (`checkpoint_every: auto` without `mtbf_s`)."""
+        return False
+
+    def check_in(self, spec: Any) -> None:
+        """What the whole spec must allow of this stage beyond its own fields (the site's nodes,
+        the trainer's batch): raises ValueError("field: message")."""
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from campaign import evidence, exits, report, watchdog
+from campaign import evidence, exits, report, rundir, watchdog
 from campaign.attempt import AttemptRequest, Interrupt
-from campaign.train import rescue, warm
+from campaign.executors import warm
+from campaign.rundir import PIDS_FILE, STOP_FILE
+from campaign.train import rescue
 
 POLL_S = 0.25
 """How often the supervisor looks at the launch; cheap (a few small reads)."""
@@ -49,10 +51,6 @@ RESCUE_WAIT_S = 60.0
 NOT_FAULTS = frozenset({exits.SIGTERM, exits.NONFINITE, exits.NO_RETRY, exits.BROKEN_ENV})
 """Exits after which no rescue is asked for: the deadline (the trainer checkpointed), a
 diverged or misconfigured run, an environment that cannot train."""
-STOP_FILE = "STOP"
-"""Written into the run directory to ask the supervisor to stop the launch (cancel)."""
-PIDS_FILE = "pids.json"
-"""Host and process groups of the launch, so a recovering driver can kill orphans."""
 
 
 @dataclass
@@ -140,7 +138,7 @@ class _Launch:
 def supervise(request: AttemptRequest) -> dict[str, Any]:
     """Run one attempt described by `request` (`campaign.attempt.build_request`)."""
     run_dir = Path(request.run_dir)
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / rundir.LOGS_DIR).mkdir(parents=True, exist_ok=True)
     start = time.time()
     allocation = list(request.allocation or block_nodes())
     excluded = set(request.exclude)
@@ -164,7 +162,7 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
         adapter.poll(time.time())
     failure = launch.first_failure()
     if failure is not None and failure[0] == -1:  # one launcher process: its log names the rank
-        failure = launcher_failure(run_dir / "logs" / "launcher.log", failure)
+        failure = launcher_failure(rundir.launcher_log(run_dir), failure)
     metrics, _ = report.read_metrics(run_dir)
     finding = None
     if watched.killed_by is None and failure is not None:  # a crash: what does the evidence say?
@@ -259,14 +257,14 @@ def _start(request: AttemptRequest, hosts: list[str]) -> tuple[_Launch, list[str
     if request.launcher == "local":
         procs = []
         for rank, (rank_argv, env) in enumerate(launchers.local_rank_processes(plan)):
-            with open(run_dir / "logs" / f"rank-{rank}.log", "wb") as log:
+            with open(rundir.rank_log(run_dir, rank), "wb") as log:
                 p = subprocess.Popen(rank_argv, env={**base_env, **env}, stdout=log, stderr=subprocess.STDOUT,
                                      cwd=run_dir, start_new_session=True)
             procs.append((rank, env.get("CAMPAIGN_NODE", ""), p))
         command = ["(local)", *plan.argv]
     else:
         command = launchers.build_command(request.launcher, plan)
-        with open(run_dir / "logs" / "launcher.log", "wb") as log:
+        with open(rundir.launcher_log(run_dir), "wb") as log:
             p = subprocess.Popen(command, env=base_env, stdout=log, stderr=subprocess.STDOUT, cwd=run_dir,
                                  start_new_session=True)
         procs = [(-1, "", p)]
@@ -306,8 +304,8 @@ class ProgressAdapter:
         if request.progress_pattern is None:
             return None
         run_dir = Path(request.run_dir)
-        log = "rank-0.log" if request.launcher == "local" else "launcher.log"
-        return cls(run_dir / "logs" / log, run_dir, re.compile(request.progress_pattern))
+        log = rundir.rank_log(run_dir, 0) if request.launcher == "local" else rundir.launcher_log(run_dir)
+        return cls(log, run_dir, re.compile(request.progress_pattern))
 
     def poll(self, now: float) -> None:
         rows, self.offset = report.read_progress_lines(self.log, self.pattern, self.offset)
@@ -361,7 +359,7 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
         failure = launch.first_failure()
         if failure is not None and watch.rescue and rescued is None and failure[1] not in NOT_FAULTS:
             # A rank died: the survivors linger (their collective failed) for the rescue request.
-            rank, _, node, _ = launcher_failure(run_dir / "logs" / "launcher.log", failure) if failure[0] == -1 \
+            rank, _, node, _ = launcher_failure(rundir.launcher_log(run_dir), failure) if failure[0] == -1 \
                 else failure
             rescued = _rescue(launch, request, hosts, watch, avoid_nodes={node}, avoid_ranks={rank})
         if failure is not None and now - failure[3] > FAILED_RANK_GRACE_S:
@@ -475,7 +473,7 @@ def _bisect(request: AttemptRequest, hosts: list[str], policy: watchdog.Watchdog
 def _drill(request: AttemptRequest, hosts: list[str], policy: watchdog.WatchdogPolicy) -> bool:
     """Run `campaign.train.drill` on `hosts` with the attempt's launch plan; True if it passed in time."""
     drill_dir = Path(request.run_dir) / "drills" / "-".join(hosts)
-    (drill_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (drill_dir / rundir.LOGS_DIR).mkdir(parents=True, exist_ok=True)
     sub = request.for_drill(drill_dir, free_port())
     sub.hostfile.write_text("".join(f"{h}\n" for h in hosts))
     launch, _, _ = _start(sub, hosts)
@@ -536,7 +534,7 @@ def _rank_exits(launch: _Launch, run_dir: Path, failure: tuple[int, int, str, fl
     or the failed rank the launcher named with its lines of the launcher's log."""
     stopped = launch.stopped_at
     if launch.procs and launch.procs[0][0] == -1:  # one launcher process (mpiexec, srun)
-        log = run_dir / "logs" / "launcher.log"
+        log = rundir.launcher_log(run_dir)
         rank, code, node, seen = failure
         lines = evidence.split_by_rank(evidence.read_tail(log, lines=500))
         tail = tuple((lines.get(rank) or lines.get(None) or [])[-evidence.TAIL_LINES:])
@@ -545,7 +543,7 @@ def _rank_exits(launch: _Launch, run_dir: Path, failure: tuple[int, int, str, fl
     for i, (rank, node, _) in enumerate(launch.procs):
         if i in launch.exits:
             code, seen = launch.exits[i]
-            log = run_dir / "logs" / f"rank-{rank}.log"
+            log = rundir.rank_log(run_dir, rank)
             out.append(evidence.RankExit.from_popen(rank, node, code, seen, log_path=str(log),
                                                     log_tail=evidence.read_tail(log),
                                                     stopped=stopped is not None and seen >= stopped))

@@ -30,15 +30,11 @@ class Estimate:
 
 def estimate(stage: StageSpec, tokens_per_s: float | None) -> Estimate:
     """The expected duration of `stage` (an upper bound where only `timeout_s` is known)."""
-    tokens = getattr(stage, "tokens", None)
-    if stage.kind == "long_run" and tokens and tokens_per_s:
+    tokens = stage.token_target()
+    if stage.continues_across_blocks() and tokens and tokens_per_s:
         need = tokens / tokens_per_s
         return Estimate(need, need, f"{tokens:,} tokens at {tokens_per_s:,.0f} tokens/s")
-    attempts = 1
-    if stage.kind == "scaling":
-        attempts = len(getattr(stage, "node_counts", [1]))
-    elif stage.kind == "resume_test":
-        attempts = 1 + 2 * len(getattr(stage, "signals", [1]))
+    attempts = stage.attempts_bound()
     return Estimate(stage.timeout_s, stage.timeout_s * attempts, f"timeout_s x {attempts} attempt(s)")
 
 
@@ -53,18 +49,18 @@ def warnings(spec: CampaignSpec, tokens_per_s: float | None = None) -> list[str]
     out: list[str] = [f"site.queue: {w}" for w in site.queue_warnings()]
     total = 0.0
     for stage in spec.stages:
-        if stage.kind == "long_run" and not (getattr(stage, "tokens", None) and rate):
+        if stage.continues_across_blocks() and not (stage.token_target() and rate):
             out.append(f"stage {stage.label}: no throughput known to check its target against the block walltime; "
                        "set site.expected_tokens_per_s (the long run continues across blocks either way)")
             continue
         est = estimate(stage, rate)
         total += est.total_s
-        if stage.kind == "long_run" and est.attempt_s > wall:
+        if stage.continues_across_blocks() and est.attempt_s > wall:
             blocks = int(-(-est.attempt_s // wall))
             out.append(f"stage {stage.label} needs ~{_h(est.attempt_s)} ({est.source}) but a block lasts "
                        f"{site.walltime}: it will checkpoint at each block's end and continue in a new one "
                        f"(~{blocks} blocks, each with its queue wait)")
-        elif stage.kind != "long_run" and est.attempt_s > wall:
+        elif not stage.continues_across_blocks() and est.attempt_s > wall:
             out.append(f"stage {stage.label}: timeout_s {stage.timeout_s:g} s is longer than the block walltime "
                        f"{site.walltime}: an attempt still running then is killed (exit 143); lower timeout_s or "
                        "raise site.walltime")

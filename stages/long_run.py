@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -39,7 +39,7 @@ from campaign.train.config import Fault
 from campaign.watchdog import WatchdogPolicy
 
 if TYPE_CHECKING:
-    from campaign.attempt import AttemptOutcome, StageContext
+    from campaign.stagecontext import AttemptOutcome, StageContext
 
 RELAUNCH = exits.RESUMABLE | exits.CONFIRM_ONCE | {"crashed_systemic"}
 """Exit classes after which the long run launches again (while the budget lasts): the
@@ -95,6 +95,20 @@ class LongRunStage(StageSpec):
         if (self.tokens is None) == (self.steps is None):
             raise ValueError("give exactly one of tokens or steps as the target")
         return self
+
+    periodic_checkpoints: ClassVar[bool] = True
+
+    def injected_faults(self) -> tuple[Fault, ...]:
+        return tuple(self.faults)
+
+    def token_target(self) -> int | None:
+        return self.tokens
+
+    def continues_across_blocks(self) -> bool:
+        return True
+
+    def needs_failure_rate(self) -> bool:
+        return self.checkpoint_every == "auto" and not self.mtbf_s
 
 
 def first_targets(stage: LongRunStage, spec: Any, nodes: int) -> Targets:

@@ -17,7 +17,7 @@ from campaign.reference import Reference
 from campaign.stagebase import StageSpec, Targets, Verdict, after_retry, where
 
 if TYPE_CHECKING:
-    from campaign.attempt import StageContext
+    from campaign.stagecontext import StageContext
 
 EPS = 1e-9
 """Float slack on the tolerance, so a difference of exactly ±tolerance passes."""

@@ -23,7 +23,7 @@ UNBOUNDED = 10**9
 """Step target of the interrupted run: it runs until the interrupt."""
 
 if TYPE_CHECKING:
-    from campaign.attempt import StageContext
+    from campaign.stagecontext import StageContext
 
 
 class ResumeTestStage(StageSpec):
@@ -50,6 +50,12 @@ class ResumeTestStage(StageSpec):
             raise ValueError(f"need checkpoint_step < interrupt_step < steps, got {self.checkpoint_step}, "
                              f"{self.interrupt_step}, {self.steps}")
         return self
+
+    def injected_faults(self) -> tuple[Fault, ...]:
+        return tuple(self.faults)
+
+    def attempts_bound(self) -> int:
+        return 1 + 2 * len(self.signals)  # the reference run, then per signal the interrupted run and its resume
 
 
 NO_CKPT = {"checkpoint_every": 0}

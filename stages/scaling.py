@@ -22,7 +22,7 @@ from campaign.reference import Reference
 from campaign.stagebase import StageSpec, Targets, Verdict, after_retry
 
 if TYPE_CHECKING:
-    from campaign.attempt import StageContext
+    from campaign.stagecontext import StageContext
 
 EPS = 1e-9
 
@@ -73,6 +73,20 @@ class ScalingStage(StageSpec):
         if self.batch == "strong":
             for n in self.node_counts:
                 strong_micro_batch(micro_batch_size, self.node_counts[0], n)
+
+    def check_in(self, spec: Any) -> None:
+        try:
+            self.check_batch(spec.trainer.micro_batch_size)
+        except ValueError as e:
+            raise ValueError(f"batch: {e}") from None
+        if self.node_counts[-1] > spec.site.nodes:
+            raise ValueError(f"node_counts: {self.node_counts[-1]} nodes asked, but the site has {spec.site.nodes}")
+
+    def attempt_nodes(self, site_nodes: int) -> list[int]:
+        return list(self.node_counts)
+
+    def attempts_bound(self) -> int:
+        return len(self.node_counts)
 
 
 def run(ctx: StageContext, stage: ScalingStage) -> Verdict:

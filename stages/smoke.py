@@ -15,7 +15,7 @@ from pydantic import Field
 from campaign.stagebase import StageSpec, Targets, Verdict, after_retry, where
 
 if TYPE_CHECKING:
-    from campaign.attempt import StageContext
+    from campaign.stagecontext import StageContext
 
 
 class SmokeStage(StageSpec):

@@ -16,7 +16,6 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from campaign import goodput
 from campaign.errors import CampaignError
 from campaign.ledger.models import Attempt, Campaign, Event, Exclusion, Lease, StageRun, StepMetric, utcnow
 
@@ -76,18 +75,6 @@ def list_events(s: Session, c: Campaign, *, after_id: int = 0, limit: int = 1000
     return s.scalars(q).all()
 
 
-def summarize_campaign(s: Session, c: Campaign) -> dict[str, Any]:
-    """The shape `campaign status NAME --json` prints (scripts rely on it: add keys, never change them)."""
-    stages = [
-        {"name": r.name, "kind": r.kind, "state": r.state, "attempts": r.attempts_count, "tokens": int(r.tokens),
-         "last_loss": jsonable(r.last_loss), "verdict": r.verdict}
-        for r in current_stage_runs(s, c)
-    ]
-    excluded = sorted({e.node for e in list_exclusions(s, c.site)})
-    out = {"name": c.name, "state": c.state, "stages": stages, "excluded_nodes": excluded}
-    return goodput.add_to_summary(s, c, out)
-
-
 def jsonable(value: Any) -> Any:
     """JSON columns reject NaN on Postgres; store non-finite floats as None."""
     if isinstance(value, float):
@@ -122,7 +109,7 @@ def describe_attempt(run: StageRun, a: Attempt) -> dict[str, Any]:
     return {"stage": run.name, "number": a.number, "label": a.label, "state": a.state, "exit_code": a.exit_code,
             "nodes": list(a.nodes or []), "node_count": attempt_node_count(a), "first_step": a.first_step,
             "last_step": a.last_step, "tokens": int(a.tokens_base + a.tokens) if a.last_step is not None else None,
-            "last_loss": jsonable(a.last_loss), "started": _iso(a.started), "finished": _iso(a.finished),
+            "last_loss": jsonable(a.last_loss), "started": iso_time(a.started), "finished": iso_time(a.finished),
             "duration_s": duration, "suspects": [x.get("node") for x in (a.suspects or []) if isinstance(x, dict)],
             "bad_metric_rows": int(((a.summary or {}).get("bad_metric_rows") or {}).get("count") or 0),
             "run_dir": a.run_dir or None}
@@ -141,28 +128,11 @@ def attempt_warnings(pairs: Sequence[tuple[StageRun, Attempt]]) -> list[str]:
             if isinstance(bad := (a.summary or {}).get("bad_metric_rows"), dict) and bad.get("count")]
 
 
-def describe_campaign(s: Session, c: Campaign, *, events: int = 10) -> dict[str, Any]:
-    """`summarize_campaign` plus the detail `campaign status NAME` shows, in NEW keys only:
-    site, version, updated, attempts_detail, stage_numbers, exclusions, scaling, events,
-    warnings (one line per attempt whose metrics.jsonl held rows that were skipped)."""
-    out = summarize_campaign(s, c)
-    runs = current_stage_runs(s, c)
-    out["site"], out["version"], out["updated"] = c.site, c.version, _iso(c.updated)
-    pairs = list_attempts(s, c)
-    out["attempts_detail"] = [describe_attempt(r, a) for r, a in pairs]
-    out["warnings"] = attempt_warnings(pairs)
-    out["stage_numbers"] = {r.name: jsonable(r.numbers or {}) for r in runs}
-    out["exclusions"] = [
-        {"node": e.node, "reason": e.reason, "since": _iso(e.created), "expires": _iso(e.expires),
-         "attempt_id": e.attempt_id}
-        for e in list_exclusions(s, c.site)
-    ]
-    out["scaling"] = [{"stage": r.name, "rows": jsonable(r.numbers["table"])}
-                      for r in runs if r.kind == "scaling" and isinstance((r.numbers or {}).get("table"), list)]
+def list_news(s: Session, c: Campaign, *, limit: int = 10) -> Sequence[Event]:
+    """The campaign's newest `limit` events other than routine ones, oldest first."""
     q = (sa.select(Event).where(Event.campaign_id == c.id, Event.kind.not_in(ROUTINE_EVENTS))
-         .order_by(Event.id.desc()).limit(events))
-    out["events"] = [{"time": _iso(e.created), "kind": e.kind, "message": e.message} for e in reversed(s.scalars(q).all())]
-    return out
+         .order_by(Event.id.desc()).limit(limit))
+    return list(reversed(s.scalars(q).all()))
 
 
 def sample_steps(s: Session, attempts: Sequence[Attempt], *, max_points: int = 4000,
@@ -254,7 +224,7 @@ def list_campaign_nodes(s: Session, c: Campaign) -> list[dict[str, Any]]:
     return [nodes[n] for n in sorted(nodes)]
 
 
-def _iso(t: dt.datetime | None) -> str | None:
+def iso_time(t: dt.datetime | None) -> str | None:
     return t.strftime("%Y-%m-%d %H:%M:%S") if t is not None else None
 
 

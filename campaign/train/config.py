@@ -184,7 +184,7 @@ class TrainConfig(_Strict):
     """Write a metrics line every this many steps."""
     warm_start: bool | Literal["auto"] = "auto"
     """Start ranks from a fork server per node that keeps Python, torch and the trainer
-    imported (`campaign.train.warm`): a relaunch then skips the interpreter start and the
+    imported (`campaign.executors.warm`): a relaunch then skips the interpreter start and the
     import of torch (1.4 s of a 2.4 s relaunch on a small machine; far more from a shared
     filesystem at scale). `auto`: the built-in trainer with the `local` launcher (where it is
     tested end to end); true: also PALS, srun and torchrun, and your own command if it starts

@@ -42,11 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from campaign import report
-
-REQUEST_FILE = "rescue-request.json"
-"""Written by the supervisor: {"rank": R} (the rank that saves), then SIGUSR1."""
-RESULT_FILE = "rescue.json"
-"""Written by the rank that was asked: {"saved": bool, "step", "path", "seconds", "why"}."""
+from campaign.rundir import RESCUE_REQUEST_FILE as REQUEST_FILE
+from campaign.rundir import RESCUE_RESULT_FILE as RESULT_FILE
 
 
 def supported(*, wrapper: str, world_size: int, device: Any) -> bool:
@@ -59,10 +56,10 @@ def peer_lost(exc: BaseException) -> bool:
     """Whether `exc` is a collective failing because a peer went away (gloo's "Connection
     closed by peer", NCCL's remote error, ...): this rank is a victim, its state intact. Its
     own errors (a bug, out of memory) are not: it must fail at once, as evidence."""
-    from campaign import evidence
+    from campaign import signatures
 
     lines = str(exc).splitlines() or [""]
-    return any((sig := evidence.match(line)) is not None and sig.scope == "fabric" for line in lines)
+    return any((sig := signatures.match(line)) is not None and sig.scope == "fabric" for line in lines)
 
 
 class NoRescue:

@@ -51,7 +51,7 @@ def processes_naming(text: str) -> list[str]:
 
 def trainers_of(run_dir: Path) -> list[int]:
     """Live processes whose environment names this attempt's run directory, or that work in
-    it: a rank forked by the warm-start server (campaign.train.warm) has the server's
+    it: a rank forked by the warm-start server (campaign.executors.warm) has the server's
     /proc/PID/environ, but its working directory is the attempt's, as every rank's is."""
     found = []
     for proc in Path("/proc").iterdir():

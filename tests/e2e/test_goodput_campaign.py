@@ -49,7 +49,7 @@ def test_a_crashed_and_relaunched_long_run_accounts_for_its_wall_time(ws: Worksp
     assert text.code == 0
     assert "goodput" in text.out and "ETTR" in text.out and "startup" in text.out, text.out
     # the text names every bucket worth 0.05 s or more (4 recomputed steps of a tiny model may be less)
-    from campaign.goodput_views import LABELS
+    from campaign.views import GOODPUT_LABELS as LABELS
 
     shown = [LABELS[k] for k, v in lost.items() if v >= 0.05]
     assert all(label in text.out for label in shown), (shown, text.out)

@@ -11,8 +11,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-from campaign.attempt import run_in_thread
+from campaign.runner import run_in_thread
 from campaign.engine import Engine
+from campaign import summary
 from campaign.ledger import open_ledger, reads
 from campaign.progress import Progress
 from campaign.spec import CampaignSpec
@@ -102,7 +103,7 @@ def test_an_adopted_orphan_keeps_the_count_of_its_bad_rows(tmp_path: Path) -> No
             c = reads.get_campaign(s, "orphan")
             [(_, a)] = reads.list_attempts(s, c)
             assert a.summary["bad_metric_rows"]["count"] == 5 and a.last_step == 3
-            assert reads.describe_campaign(s, c)["warnings"] == [
+            assert summary.describe_campaign(s, c)["warnings"] == [
                 f"stage long attempt 1: 5 bad row(s) of {run_dir / 'metrics.jsonl'} skipped (not valid metrics rows); "
                 f"first: byte {len(valid[0]) + 1}: not a JSON object but int: 7"]
     finally:

@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 
-from campaign import dryrun
-from campaign.attempt import build_request, run_in_thread, trainer_config
+from campaign import dryrun, summary
+from campaign.attempt import build_request, trainer_config
 from campaign.engine import Engine
 from campaign.ledger import open_ledger
 from campaign.ledger import reads
 from campaign.progress import Progress
+from campaign.runner import run_in_thread
 from campaign.spec import CampaignSpec
 from campaign.stagebase import Targets
 from campaign.supervisor import supervise
@@ -161,7 +162,7 @@ def test_a_failure_names_the_missing_file_and_the_rank_log(tmp_path: Path) -> No
     with engine.ledger.session() as s:
         [run] = reads.current_stage_runs(s, reads.get_campaign(s, "inproc"))
         verdict = run.verdict
-        detail = reads.describe_campaign(s, reads.get_campaign(s, "inproc"))
+        detail = summary.describe_campaign(s, reads.get_campaign(s, "inproc"))
     assert f"({run_dir}/startup.json is missing; rank 0's log: {run_dir}/logs/rank-0.log)" in verdict, verdict
     assert "iter 2: loss" in (run_dir / "logs" / "rank-0.log").read_text()  # the log it names holds the output
     assert [a["run_dir"] for a in detail["attempts_detail"]] == [str(run_dir)]  # what `campaign status` shows
@@ -291,7 +292,7 @@ def test_the_request_is_pure_and_carries_the_contract_environment(tmp_path: Path
     assert first.env["CAMPAIGN_CHECKPOINT_DIR"] == str(tmp_path / "checkpoints") and first.env["CAMPAIGN_RESUME"] == "0"
     trainer = ["{python}", "-m", "campaign.train", "--config", str(tmp_path / "a" / "trainer.json")]
     # `warm_start: auto`: through the node's fork server with the local launcher only.
-    warm = ["{python}", "-m", "campaign.train.warm", "--"] if spec.site.launcher == "local" else []
+    warm = ["{python}", "-m", "campaign.executors.warm", "--"] if spec.site.launcher == "local" else []
     assert first.argv == [*warm, *trainer]
     assert first.launcher == spec.site.launcher and first.exclude == ["n9"]
 
@@ -438,7 +439,7 @@ def test_a_driver_that_lost_its_lease_stops_and_leaves_the_trainers_running(
 
     from campaign.errors import LeaseLost
     from campaign.ledger.models import Lease
-    from campaign.supervisor import STOP_FILE
+    from campaign.rundir import STOP_FILE
 
     monkeypatch.setattr("campaign.lease.RENEW_S", 0.2)
     (tmp_path / "slow.py").write_text(SLOW_TRAINER)

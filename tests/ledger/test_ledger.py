@@ -26,6 +26,7 @@ from campaign.ledger import Ledger, open_ledger, reads, schema, writes
 from campaign.ledger import db as ledger_db
 from campaign.ledger.db import make_engine
 from campaign.ledger.models import Attempt, Base, StepMetric, utcnow
+from campaign.summary import summarize_campaign
 
 GOODPUT_LOST = ("startup_s", "checkpoint_stall_s", "recomputed_s", "detection_s", "restart_s", "other_s")
 TABLES = {"campaign", "stage_run", "attempt", "step_metric", "checkpoint", "exclusion", "event"}
@@ -224,7 +225,7 @@ def test_summary_has_the_documented_shape(ledger: Ledger) -> None:
         writes.set_stage_state(s, a.stage_run, "passed", verdict="every rank reported")
         writes.exclude_node(s, site="local", node="n1", reason="slow")
         writes.exclude_node(s, site="aurora", node="x1000c0s0b0n0", reason="elsewhere")
-        summary = reads.summarize_campaign(s, reads.get_campaign(s, "demo"))
+        summary = summarize_campaign(s, reads.get_campaign(s, "demo"))
     none = {"wall_s": 0.0, "productive_s": 0.0, "ettr": None, "lost": dict.fromkeys(GOODPUT_LOST, 0.0)}
     assert summary == {
         "name": "demo", "state": "pending",
@@ -282,7 +283,7 @@ def test_ingestion_keeps_nonfinite_losses_and_drops_junk(ledger: Ledger) -> None
         assert (steps[2].mfu, steps[2].lr) == (None, None)
         a = s.get(Attempt, attempt_id)
         assert (a.last_step, a.last_loss, a.stage_run.last_loss) == (4, math.inf, math.inf)
-        summary = reads.summarize_campaign(s, reads.get_campaign(s, "demo"))
+        summary = summarize_campaign(s, reads.get_campaign(s, "demo"))
     # `campaign status --json` must stay valid JSON (no bare NaN) for scripts.
     assert summary["stages"][0]["last_loss"] is None
     json.dumps(summary, allow_nan=False)
@@ -407,7 +408,7 @@ def test_goodput_after_an_upgrade_from_0002(ledger_url: str) -> None:
         schema.upgrade(led.engine)
         with led.session() as s:
             assert s.get(Attempt, old_id).goodput is None
-            summary = reads.summarize_campaign(s, reads.get_campaign(s, "demo"))
+            summary = summarize_campaign(s, reads.get_campaign(s, "demo"))
             assert summary["goodput"]["wall_s"] == 0.0 and summary["stages"][0]["goodput"]["ettr"] is None
         new_id = _attempt(led)
         with led.session() as s:
@@ -422,7 +423,7 @@ def test_goodput_after_an_upgrade_from_0002(ledger_url: str) -> None:
         assert g["productive_s"] == pytest.approx(2.0) and g["lost"]["startup_s"] == pytest.approx(2.0)
         assert g["lost"]["detection_s"] == pytest.approx(6.0) and g["fault"] is True
         with led.session() as s:
-            stage = reads.summarize_campaign(s, reads.get_campaign(s, "demo"))["stages"][0]["goodput"]
+            stage = summarize_campaign(s, reads.get_campaign(s, "demo"))["stages"][0]["goodput"]
             history = goodput.site_history(s, "local")  # the old attempt (goodput null) is not history
         assert stage["productive_s"] + sum(stage["lost"].values()) == pytest.approx(stage["wall_s"], abs=0.01)
         assert stage["productive_s"] == pytest.approx(2.0)

@@ -1,4 +1,4 @@
-"""Warm start (campaign.train.warm): the fork server and its thin client, with real processes.
+"""Warm start (campaign.executors.warm): the fork server and its thin client, with real processes.
 
 Nothing is faked: each test starts real clients, which start a real server (torch imported)
 in a scope of its own; the server is stopped at the end of the test. What a launcher would
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from train_helpers import REPO, free_port, tiny_config
 
-from campaign.train import warm
+from campaign.executors import warm
 
 PROBE = """\
 import json, os, sys, time, signal
@@ -66,7 +66,7 @@ def scope(tmp_path, monkeypatch):
 
 
 def client(tmp_path: Path, *args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "campaign.train.warm", "--", sys.executable, str(tmp_path / "probe.py"), *args]
+    cmd = [sys.executable, "-m", "campaign.executors.warm", "--", sys.executable, str(tmp_path / "probe.py"), *args]
     out = open(tmp_path / f"out-{uuid.uuid4().hex[:6]}.log", "w+")
     p = subprocess.Popen(cmd, cwd=tmp_path, env={**os.environ, **(env or {})}, stdout=out,
                          stderr=subprocess.STDOUT, **kw)
@@ -177,7 +177,7 @@ def test_the_server_keeps_no_launchs_rank_variables():
 
 
 def test_commands_it_cannot_fork_start_cold(tmp_path, scope):
-    shell = subprocess.run([sys.executable, "-m", "campaign.train.warm", "--", "/bin/sh", "-c", "exit 7"])
+    shell = subprocess.run([sys.executable, "-m", "campaign.executors.warm", "--", "/bin/sh", "-c", "exit 7"])
     assert shell.returncode == 7
     off = client(tmp_path, "0", env={"CAMPAIGN_WARM": "0"})
     assert off.wait(120) == 0
@@ -209,7 +209,7 @@ def test_the_built_in_trainer_trains_the_same_losses_warm_as_cold(tmp_path, scop
                    "LOCAL_WORLD_SIZE": "2", "CAMPAIGN_RUN_DIR": str(run), "CAMPAIGN_NODE": "local-n0",
                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1",
                    "CAMPAIGN_HEARTBEAT_INTERVAL": "0.2"}
-            prefix = [] if mode == "cold" else [sys.executable, "-m", "campaign.train.warm", "--"]
+            prefix = [] if mode == "cold" else [sys.executable, "-m", "campaign.executors.warm", "--"]
             log = open(run / f"rank-{rank}.log", "w")
             procs.append(subprocess.Popen([*prefix, sys.executable, "-m", "campaign.train", "--config", str(cfg)],
                                           cwd=run, env=env, stdout=log, stderr=subprocess.STDOUT))

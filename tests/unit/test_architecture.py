@@ -9,11 +9,18 @@ test imported can hide a violation):
   standard library;
 * the operations layer (`campaign.commands`, which the CLI and the remote endpoint
   functions call) needs no click, torch or parsl;
-* the ledger's read models (`campaign.ledger.reads`) never import its writes.
+* the ledger's read models (`campaign.ledger.reads`) never import its writes;
+* the project's modules import each other without a circle, and no module imports one of a
+  higher layer (`LAYERS`, the same table as docs/architecture.md's "Layers"). These two read
+  the source (ast), not a running interpreter: every `import` statement counts, a function's
+  own imports too (a lazy import is still a dependency, and a circle of lazy imports is one
+  a refactor can close); only those under `if TYPE_CHECKING:` do not: they name a type for
+  an annotation and never run (a stage module names the `StageContext` it is handed).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import pkgutil
@@ -100,7 +107,8 @@ def test_trainer_never_imports_the_ledger() -> None:
     assert offenders == {}, f"the trainer imports ledger code (first offender first): {offenders}"
 
 
-@pytest.mark.parametrize("module", ["campaign.report", "campaign.exits", "campaign.errors"])
+@pytest.mark.parametrize("module", ["campaign.report", "campaign.exits", "campaign.errors", "campaign.rundir",
+                                    "campaign.signatures"])
 def test_contract_helpers_need_only_the_standard_library(module: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-c", f"import json, sys, {module}\n"
@@ -109,3 +117,148 @@ def test_contract_helpers_need_only_the_standard_library(module: str) -> None:
     assert proc.returncode == 0, proc.stderr
     third_party = [m for m in json.loads(proc.stdout) if m != "campaign" and not m.startswith("_") and m != "__main__"]
     assert third_party == []
+
+
+# --- the import graph, from the source -------------------------------------------------
+PACKAGE_DIRS = {"campaign": "campaign", "stages": "campaign.stages", "executors": "campaign.executors",
+                "migrations": "campaign.migrations"}
+"""Source folder -> the package it is installed as (pyproject's package-dir)."""
+
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("foundation", ("campaign.__init__", "campaign.errors", "campaign.names", "campaign.exits", "campaign.report",
+                    "campaign.rundir", "campaign.signatures", "campaign.yamlfile")),
+    ("trainer", ("campaign.train",)),
+    ("ledger", ("campaign.ledger", "campaign.migrations")),
+    ("model", ("campaign.stagebase", "campaign.watchdog", "campaign.evidence", "campaign.goodput", "campaign.summary",
+               "campaign.reference", "campaign.executors", "campaign.spec", "campaign.contract", "campaign.stages",
+               "campaign.walltime", "campaign.lease")),
+    ("attempt", ("campaign.attempt", "campaign.supervisor", "campaign.recovery", "campaign.runner",
+                 "campaign.checktrainer")),
+    ("views", ("campaign.views", "campaign.plots", "campaign.progress", "campaign.export", "campaign.watch")),
+    ("driver", ("campaign.stagecontext", "campaign.engine", "campaign.dryrun")),
+    ("operations", ("campaign.commands", "campaign.remote")),
+    ("cli", ("campaign.cli",)),
+)
+"""Lowest first; the same table as docs/architecture.md's "Layers". A module belongs to the
+layer of its longest listed prefix (`campaign.__init__` is the package itself); it may import
+its own layer and those below, never one above."""
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for folder, package in PACKAGE_DIRS.items():
+        for path in sorted((REPO / folder).rglob("*.py")):
+            parts = list(path.relative_to(REPO / folder).with_suffix("").parts)
+            if folder == "campaign" and parts[0] in PACKAGE_DIRS:
+                continue
+            if parts[-1] == "__init__" and (parts[:-1] or package != "campaign"):
+                parts.pop()  # a package is its __init__, except `campaign` itself: then every module would be in it
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def _under_type_checking(tree: ast.AST) -> set[int]:
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return skip
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> dict[str, int]:
+    """The project's modules that `name` imports (module -> first line), at any depth."""
+    tree = ast.parse(path.read_text(), str(path))
+    skip = _under_type_checking(tree)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.setdefault(target, node.lineno)
+    return found
+
+
+def _graph() -> dict[str, dict[str, int]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _layer(module: str) -> int:
+    best = (-1, -1)
+    for rank, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if module == p or module.startswith(p + "."):
+                best = max(best, (len(p), rank))
+    return best[1]
+
+
+def _cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_import_graph_sees_the_known_edges() -> None:
+    """The parser itself: a top-level, a lazy (function-level) and a relative import."""
+    graph = _graph()
+    assert "campaign.supervisor" in graph and "campaign.stages.smoke" in graph and "campaign.executors.base" in graph
+    assert "campaign.ledger.models" in graph["campaign.ledger.writes"]
+    assert "campaign.executors.launchers" in graph["campaign.supervisor"]  # imported inside a function
+    assert "campaign.engine" not in graph["campaign.stagecontext"]  # under TYPE_CHECKING only
+
+
+def test_every_module_has_a_layer() -> None:
+    assert [m for m in _graph() if _layer(m) < 0] == []
+
+
+def test_the_project_imports_no_circle() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    graph = _graph()
+    upward = sorted(f"{m} ({LAYERS[_layer(m)][0]}) -> {t} ({LAYERS[_layer(t)][0]}), line {line}"
+                    for m, targets in graph.items() for t, line in targets.items() if _layer(t) > _layer(m))
+    assert upward == []

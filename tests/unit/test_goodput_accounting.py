@@ -95,7 +95,7 @@ def test_status_shows_one_line_per_stage_and_the_campaign() -> None:
 
     from rich.console import Console
 
-    from campaign.goodput_views import goodput_table
+    from campaign.views import goodput_table
 
     g = {"wall_s": 100.0, "productive_s": 82.0, "ettr": 0.82,
          "lost": {"startup_s": 10.0, "checkpoint_stall_s": 0.0, "recomputed_s": 5.0, "detection_s": 3.0,
@@ -129,7 +129,7 @@ def test_status_says_how_many_faults_a_rescue_covered_when_it_suggests_an_interv
 
     from rich.console import Console
 
-    from campaign.goodput_views import goodput_table
+    from campaign.views import goodput_table
 
     g = {"wall_s": 100.0, "productive_s": 90.0, "ettr": 0.9,
          "lost": {"startup_s": 10.0, "checkpoint_stall_s": 0.0, "recomputed_s": 0.0, "detection_s": 0.0,

@@ -64,7 +64,7 @@ def test_resume_args_are_added_only_when_resuming_from_a_checkpoint(tmp_path: Pa
 def test_the_built_in_trainer_still_gets_its_config(tmp_path: Path) -> None:
     req = _request(_spec({}), tmp_path, Targets(steps=3))
     # On the local launcher it starts warm, through the node's fork server (warm_start: auto).
-    assert req.argv == ["{python}", "-m", "campaign.train.warm", "--", "{python}", "-m", "campaign.train", "--config",
+    assert req.argv == ["{python}", "-m", "campaign.executors.warm", "--", "{python}", "-m", "campaign.train", "--config",
                         str(tmp_path / "stage" / "attempt-002" / "trainer.json")]
     cold = _request(_spec({"warm_start": False}), tmp_path, Targets(steps=3))
     assert cold.argv == req.argv[4:]
@@ -75,7 +75,7 @@ def test_warm_start_wraps_your_own_command_only_when_asked(tmp_path: Path, run_c
     auto = _request(_spec(own), tmp_path, Targets(steps=3))
     assert auto.argv[:2] == ["{python}", str(tmp_path / "specs" / "train.py")]
     asked = _request(_spec({**own, "warm_start": True}), tmp_path, Targets(steps=3))
-    assert asked.argv[:5] == ["{python}", "-m", "campaign.train.warm", "--", "{python}"]
+    assert asked.argv[:5] == ["{python}", "-m", "campaign.executors.warm", "--", "{python}"]
     code, out, err = _validate(run_cli, tmp_path, "name: x\ntrainer:\n  command: [bash, run.sh]\n"
                                                   "  warm_start: true\nstages: [{kind: smoke}]\n")
     assert code == 2 and out == ""

@@ -14,6 +14,7 @@ import pytest
 
 from campaign import commands, export
 from campaign.errors import CampaignError
+from campaign import summary
 from campaign.ledger import Ledger, reads, writes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +43,7 @@ def test_status_data_lists_and_describes(demo: Ledger) -> None:
     assert [(r["name"], r["state"], r["stage"]) for r in rows] == [("demo-run", "succeeded", "long-run")]
     detail = commands.status_data(demo, "demo-run")
     with demo.session() as s:
-        assert detail == reads.describe_campaign(s, reads.get_campaign(s, "demo-run"))
+        assert detail == summary.describe_campaign(s, reads.get_campaign(s, "demo-run"))
 
 
 def test_a_missing_campaign_names_the_ledger_and_its_campaigns(demo: Ledger) -> None:

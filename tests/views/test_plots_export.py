@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from campaign import export, plots
+from campaign import summary
 from campaign.ledger import Ledger, reads, writes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,7 +71,7 @@ def test_progress_plot_of_several_runs_with_reference(demo: Ledger, tmp_path: Pa
 
 def test_scaling_plot(demo: Ledger, tmp_path: Path) -> None:
     with demo.session() as s:
-        table = reads.describe_campaign(s, reads.get_campaign(s, "demo-run"))["scaling"][0]["rows"]
+        table = summary.describe_campaign(s, reads.get_campaign(s, "demo-run"))["scaling"][0]["rows"]
     fig = plots.scaling_figure([("demo-run", table)], min_efficiency=0.25)
     lines = _lines(fig)
     assert list(lines["demo-run/tokens_per_s"].get_xdata()) == [1, 2]

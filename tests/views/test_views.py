@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from campaign import summary
 from campaign.ledger import Ledger
 from campaign.ledger import reads, writes
 from campaign.progress import Progress
@@ -33,7 +34,7 @@ def _detail(led: Ledger) -> dict[str, Any]:
     with led.session() as s:
         c = reads.get_campaign(s, "demo-run")
         assert c is not None
-        return reads.describe_campaign(s, c)
+        return summary.describe_campaign(s, c)
 
 
 def test_campaign_detail_shows_relaunch_and_excluded_node(demo: Ledger, golden: Any) -> None:

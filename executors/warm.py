@@ -1,7 +1,7 @@
 """Warm start: a fork server per node keeps Python, torch and the trainer imported, so a
 relaunch costs a fork instead of an interpreter start and an import of torch.
 
-    {python} -m campaign.train.warm -- {python} -m campaign.train --config FILE
+    {python} -m campaign.executors.warm -- {python} -m campaign.train --config FILE
 
 The launcher (local processes, mpiexec, srun, torchrun) starts this thin client as each
 rank's process, where and how it would have started the trainer: same environment, CPU
@@ -159,7 +159,7 @@ def _target(argv: list[str]) -> tuple[str, str] | None:
 
 def _cold(argv: list[str], why: str | None) -> None:
     if why:
-        print(f"campaign.train.warm: {why}; starting cold", file=sys.stderr, flush=True)
+        print(f"campaign.executors.warm: {why}; starting cold", file=sys.stderr, flush=True)
     os.execvp(argv[0], argv)
 
 
@@ -184,7 +184,7 @@ def server_environment(env: dict[str, str]) -> dict[str, str]:
 def _spawn_server(path: Path) -> subprocess.Popen[bytes]:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open(path.with_suffix(".log"), "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", "campaign.train.warm", "--serve", str(path)],
+        return subprocess.Popen([sys.executable, "-m", "campaign.executors.warm", "--serve", str(path)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 close_fds=True, env=server_environment(dict(os.environ)), cwd=path.parent)
 
@@ -250,7 +250,7 @@ def client(argv: list[str]) -> int:
         status = _recv(sock)
     except (EOFError, OSError) as exc:
         # The server went away: its children die with it (PR_SET_PDEATHSIG).
-        print(f"campaign.train.warm: lost the server ({exc}); the trainer was killed", file=sys.stderr, flush=True)
+        print(f"campaign.executors.warm: lost the server ({exc}); the trainer was killed", file=sys.stderr, flush=True)
         status = {"signal": int(signal.SIGKILL)}
     if "signal" in status:
         _die_by(int(status["signal"]))
@@ -290,7 +290,7 @@ def serve(path: Path) -> int:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
     listener.listen(64)
-    print(f"campaign.train.warm: serving {path} (pid {os.getpid()}, imports {time.monotonic() - t0:.2f} s)",
+    print(f"campaign.executors.warm: serving {path} (pid {os.getpid()}, imports {time.monotonic() - t0:.2f} s)",
           flush=True)
     pid_file = path.with_suffix(".pid")
     pid_file.write_text(f"{os.getpid()}\n")
@@ -374,7 +374,7 @@ def _preload() -> None:
         try:
             importlib.import_module(name)
         except Exception as exc:  # the child meets the same error and exits as a cold start would
-            print(f"campaign.train.warm: cannot preload {name}: {exc!r}", flush=True)
+            print(f"campaign.executors.warm: cannot preload {name}: {exc!r}", flush=True)
 
 
 def _parent() -> int | None:
@@ -443,7 +443,7 @@ def _fork_child(conn: socket.socket, close_in_child: list[Any], since: str) -> i
             raise ValueError(f"expected 3 file descriptors, got {len(fds)}")
         conn.settimeout(None)
     except (OSError, EOFError, ValueError) as exc:
-        print(f"campaign.train.warm: bad request: {exc!r}", flush=True)
+        print(f"campaign.executors.warm: bad request: {exc!r}", flush=True)
         conn.close()
         return 0
     pid = os.fork()
@@ -471,10 +471,10 @@ def _child(request: dict[str, Any], fds: list[int], conn: socket.socket, since: 
             os.close(fd)
         conn.close()
         _adopt(request)
-        print(f"campaign.train.warm: started warm (fork server pid {os.getppid()}, serving since {since})",
+        print(f"campaign.executors.warm: started warm (fork server pid {os.getppid()}, serving since {since})",
               file=sys.stderr, flush=True)
     except BaseException as exc:  # noqa: BLE001 - report, never return into the server's loop
-        print(f"campaign.train.warm: cannot start the trainer: {exc!r}", file=sys.__stderr__, flush=True)
+        print(f"campaign.executors.warm: cannot start the trainer: {exc!r}", file=sys.__stderr__, flush=True)
         return 1
     return _run(request["argv"])
 
@@ -596,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["--"]:
         args = args[1:]
     if not args:
-        print("usage: python -m campaign.train.warm -- PYTHON -m MODULE ARGS... | PYTHON SCRIPT ARGS...",
+        print("usage: python -m campaign.executors.warm -- PYTHON -m MODULE ARGS... | PYTHON SCRIPT ARGS...",
               file=sys.stderr)
         return 2
     return client(args)

@@ -1,0 +1,72 @@
+"""Every file of a campaign's run directories, each named here once (stdlib only).
+
+    <workdir>/<campaign>/               the campaign directory
+      driver.json                       DRIVER_FILE: the driver's host and pid, its Parsl interchange's
+                                        pid and run directory, for a successor (`campaign.recovery`)
+      [vN/]<stage>/                     a stage's directory (`vN/` from the second version on)
+        checkpoints/...                 the trainer's checkpoints (the trainer contract)
+        attempt-NNN/                    attempt_dir(): one attempt's run directory, CAMPAIGN_RUN_DIR
+          trainer.json                  TRAINER_CONFIG: what this attempt must do (the driver writes it)
+          hostfile                      HOSTFILE: the active nodes, one a line (the supervisor writes it)
+          pids.json                     PIDS_FILE: host and process groups of the launch (the supervisor),
+                                        so a recovering driver can kill orphans
+          STOP                          STOP_FILE: asks the supervisor to stop the launch (cancel, recovery)
+          logs/rank-R.log               rank_log(): rank R's output (local launcher)
+          logs/launcher.log             launcher_log(): the launcher's output (mpiexec, srun, torchrun)
+          metrics.jsonl events.jsonl startup.json heartbeats/   the trainer's files (the trainer
+                                        contract, `campaign.report`: METRICS_FILE, EVENTS_FILE, ...)
+          rescue-request.json           RESCUE_REQUEST_FILE: the supervisor asks one rank to save
+          rescue.json                   RESCUE_RESULT_FILE: that rank's answer (`campaign.train.rescue`)
+
+The supervisor, the driver, recovery, the trainer's contract helper and the trainer take
+their names from here; the trainer contract (`docs/trainer-contract.md`) documents the
+trainer's own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DRIVER_FILE = "driver.json"
+"""In the campaign directory: the driver's host and pid and its Parsl interchange's, for a successor."""
+
+TRAINER_CONFIG = "trainer.json"
+"""The attempt's trainer config (`campaign.train.config.TrainerConfig`), written by the driver."""
+HOSTFILE = "hostfile"
+"""The attempt's active nodes, one a line, in rank order."""
+STOP_FILE = "STOP"
+"""Written into the run directory to ask the supervisor to stop the launch (cancel)."""
+PIDS_FILE = "pids.json"
+"""Host and process groups of the launch, so a recovering driver can kill orphans."""
+LOGS_DIR = "logs"
+"""The ranks' and the launcher's output."""
+LAUNCHER_LOG = "launcher.log"
+
+METRICS_FILE = "metrics.jsonl"
+"""Rank 0's metrics, one JSON object per step (the trainer contract)."""
+EVENTS_FILE = "events.jsonl"
+"""The trainer's events (start, checkpoints, done, ...), one JSON object a line."""
+STARTUP_FILE = "startup.json"
+"""The startup check's answer (every rank reported, the all-reduce's sum)."""
+HEARTBEAT_DIR = "heartbeats"
+"""Group files with one slot per node (`campaign.report`)."""
+
+RESCUE_REQUEST_FILE = "rescue-request.json"
+"""Written by the supervisor: {"rank": R} (the rank that saves), then SIGUSR1."""
+RESCUE_RESULT_FILE = "rescue.json"
+"""Written by the rank that was asked: {"saved": bool, "step", "path", "seconds", "why"}."""
+
+
+def attempt_dir(stage_dir: Path, number: int) -> Path:
+    """The run directory of attempt `number` of a stage."""
+    return stage_dir / f"attempt-{number:03d}"
+
+
+def rank_log(run_dir: Path, rank: int) -> Path:
+    """Rank `rank`'s output when the supervisor starts each rank itself (local launcher)."""
+    return run_dir / LOGS_DIR / f"rank-{rank}.log"
+
+
+def launcher_log(run_dir: Path) -> Path:
+    """The launcher's output (mpiexec, srun, torchrun: every rank's, interleaved)."""
+    return run_dir / LOGS_DIR / LAUNCHER_LOG
