@@ -251,7 +251,7 @@ def test_a_rank_that_mpich_hands_pmi_by_descriptor_starts_cold_and_keeps_its_des
     # Hydra connects each rank to its proxy through an inherited descriptor (PMI_FD); a child
     # of the fork server would hold a bad one. The client must run such a rank cold.
     (tmp_path / "fd.py").write_text(FD_PROBE)
-    cmd = ["mpiexec.hydra", "-launcher", "fork", "-n", "2", sys.executable, "-m", "campaign.train.warm", "--",
+    cmd = ["mpiexec.hydra", "-launcher", "fork", "-n", "2", sys.executable, "-m", "campaign.executors.warm", "--",
            sys.executable, str(tmp_path / "fd.py")]
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
