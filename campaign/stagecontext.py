@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from campaign.attempt import AttemptRequest, Interrupt, build_request, trainer_c
 from campaign.ledger import reads, writes
 from campaign.ledger.db import transient
 from campaign.ledger.models import Attempt, StageRun, utcnow
+from campaign.supervisor import AttemptReport
 from campaign.watchdog import WatchdogPolicy
 
 if TYPE_CHECKING:
@@ -355,7 +356,8 @@ def rescue_message(r: dict[str, Any]) -> str:
 
 
 def _app_failure(e: Exception, run_dir: Path) -> dict[str, Any]:
-    """The report of an attempt whose supervisor app never returned."""
+    """The report of an attempt whose supervisor app never returned (an `AttemptReport`, as
+    the supervisor's own: the same keys, none added)."""
     from parsl.executors.errors import BadStateException
     from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
@@ -364,10 +366,10 @@ def _app_failure(e: Exception, run_dir: Path) -> dict[str, Any]:
     metrics, _ = report.read_metrics(run_dir)
     what = ("the block failed to start its worker" if unstarted else "the block ended under the attempt" if lost
             else "supervisor app failed")
-    return {"exit_code": 143 if lost or unstarted else 1,
-            "exit_class": "block_lost" if lost or unstarted else "crashed_systemic",
-            "block_failed": unstarted, "duration_s": 0.0, "nodes": [], "suspects": [], "killed_by": None,
-            "last_step": metrics[-1]["step"] if metrics else None, "error": f"{what}: {str(e)[:2000]}"}
+    return asdict(AttemptReport(exit_code=143 if lost or unstarted else 1,
+                                exit_class="block_lost" if lost or unstarted else "crashed_systemic",
+                                block_failed=unstarted, duration_s=0.0, nodes=[],
+                                last_step=metrics[-1]["step"] if metrics else None, error=f"{what}: {str(e)[:2000]}"))
 
 
 def _tokens_base(run: StageRun, resume: bool) -> int:

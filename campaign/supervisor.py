@@ -78,6 +78,9 @@ class AttemptReport:
     """What the evidence says of a crash (`campaign.evidence.Finding`): node, systemic or unknown."""
     rescue: dict[str, Any] | None = None
     """The rescue checkpoint asked for after the fault (`rescue.json`: saved, step, rank, seconds or why not)."""
+    block_failed: bool = False
+    """Set by the driver, never by the supervisor: the block never started its worker, or the
+    driver lost its runner under the attempt (`campaign.stagecontext`): a fresh Parsl load may help."""
 
 
 class Failure(NamedTuple):
@@ -216,7 +219,7 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
 
 
 def _finish(run_dir: Path, out: AttemptReport) -> dict[str, Any]:
-    report.write_json_atomic(run_dir / "supervisor.json", asdict(out))
+    report.write_json_atomic(run_dir / rundir.SUPERVISOR_REPORT, asdict(out))
     return asdict(out)
 
 
@@ -484,7 +487,7 @@ def _bisect(request: AttemptRequest, hosts: list[str], policy: watchdog.Watchdog
 
 def _drill(request: AttemptRequest, hosts: list[str], policy: watchdog.WatchdogPolicy) -> bool:
     """Run `campaign.train.drill` on `hosts` with the attempt's launch plan; True if it passed in time."""
-    drill_dir = Path(request.run_dir) / "drills" / "-".join(hosts)
+    drill_dir = rundir.drill_dir(Path(request.run_dir), hosts)
     (drill_dir / rundir.LOGS_DIR).mkdir(parents=True, exist_ok=True)
     sub = request.for_drill(drill_dir, free_port())
     sub.hostfile.write_text("".join(f"{h}\n" for h in hosts))
