@@ -210,7 +210,7 @@ class StageContext:
 
         `targets.resume`: continue from the newest complete checkpoint in the stage's folder
         `targets.checkpoints`. `interrupt`: {"after_step": S, "signal": "SIGKILL"|"SIGTERM"}: the
-        supervisor sends the signal to the whole job once step S is reported (a deliberate
+        supervisor sends the signal to the whole launch once step S is reported (a deliberate
         interruption). `rotate`: move ranks to other nodes (see `AttemptRequest.rotate`).
         """
         from campaign.supervisor import free_port
@@ -264,11 +264,11 @@ class StageContext:
             if self.engine.cancel_requested:
                 (run_dir / rundir.STOP_FILE).touch()
             lost = self.engine.runner_lost()
-            if lost is not None:  # the future would never complete: stop the job ourselves
+            if lost is not None:  # the future would never complete: stop the attempt ourselves (launch or job)
                 from campaign.recovery import stop_orphan
 
                 stopped = stop_orphan(run_dir, self.spec.site)
-                (run_dir / rundir.STOP_FILE).unlink(missing_ok=True)  # the job is stopped; a relaunch may start
+                (run_dir / rundir.STOP_FILE).unlink(missing_ok=True)  # the launch is stopped; a relaunch may start
                 rep = _app_failure(RuntimeError(f"{lost}; {stopped}"), run_dir)
                 return {**rep, "exit_code": 143, "exit_class": "block_lost", "block_failed": True}, offset
         try:
