@@ -37,7 +37,7 @@ HEARTBEAT_INTERVAL_S = 1.0
 
 class Interrupt(StrictModel):
     """A deliberate interruption (the resume test): once `after_step` is reported, the
-    supervisor sends `signal` to the whole job."""
+    supervisor sends `signal` to the whole launch."""
 
     after_step: int = Field(ge=1)
     signal: Literal["SIGKILL", "SIGTERM"] = "SIGKILL"
@@ -80,7 +80,7 @@ class AttemptRequest(StrictModel):
     master_port: int | None = None
     """Rendezvous port on the first active node (None: the launcher's default)."""
     timeout_s: float = Field(gt=0)
-    """Hard limit of the attempt (the job is killed past it)."""
+    """Hard limit of the attempt (the launch is killed past it)."""
     block_walltime_s: float | None = None
     """The block's walltime: the trainer's deadline to checkpoint and exit 143."""
     deadline_from: Literal["block", "attempt"] = "block"

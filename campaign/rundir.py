@@ -11,6 +11,8 @@
           pids.json                     PIDS_FILE: host and process groups of the launch (the supervisor),
                                         so a recovering driver can kill orphans
           STOP                          STOP_FILE: asks the supervisor to stop the launch (cancel, recovery)
+          supervisor.json               SUPERVISOR_REPORT: the supervisor's report of the attempt
+          drills/<nodes>/               drill_dir(): a bisection drill's run directory
           logs/rank-R.log               rank_log(): rank R's output (local launcher)
           logs/launcher.log             launcher_log(): the launcher's output (mpiexec, srun, torchrun)
           metrics.jsonl events.jsonl startup.json heartbeats/   the trainer's files (the trainer
@@ -38,6 +40,8 @@ STOP_FILE = "STOP"
 """Written into the run directory to ask the supervisor to stop the launch (cancel)."""
 PIDS_FILE = "pids.json"
 """Host and process groups of the launch, so a recovering driver can kill orphans."""
+SUPERVISOR_REPORT = "supervisor.json"
+"""The supervisor's report (`campaign.supervisor.AttemptReport`), written when the attempt ends."""
 LOGS_DIR = "logs"
 """The ranks' and the launcher's output."""
 LAUNCHER_LOG = "launcher.log"
@@ -60,6 +64,11 @@ RESCUE_RESULT_FILE = "rescue.json"
 def attempt_dir(stage_dir: Path, number: int) -> Path:
     """The run directory of attempt `number` of a stage."""
     return stage_dir / f"attempt-{number:03d}"
+
+
+def drill_dir(run_dir: Path, nodes: list[str]) -> Path:
+    """Where a bisection drill on `nodes` runs (its own hostfile, logs and metrics)."""
+    return run_dir / "drills" / "-".join(nodes)
 
 
 def rank_log(run_dir: Path, rank: int) -> Path:

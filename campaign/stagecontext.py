@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from campaign.attempt import AttemptRequest, Interrupt, build_request, trainer_c
 from campaign.ledger import reads, writes
 from campaign.ledger.db import transient
 from campaign.ledger.models import Attempt, StageRun, utcnow
+from campaign.supervisor import AttemptReport
 from campaign.watchdog import WatchdogPolicy
 
 if TYPE_CHECKING:
@@ -209,7 +210,7 @@ class StageContext:
 
         `targets.resume`: continue from the newest complete checkpoint in the stage's folder
         `targets.checkpoints`. `interrupt`: {"after_step": S, "signal": "SIGKILL"|"SIGTERM"}: the
-        supervisor sends the signal to the whole job once step S is reported (a deliberate
+        supervisor sends the signal to the whole launch once step S is reported (a deliberate
         interruption). `rotate`: move ranks to other nodes (see `AttemptRequest.rotate`).
         """
         from campaign.supervisor import free_port
@@ -263,11 +264,11 @@ class StageContext:
             if self.engine.cancel_requested:
                 (run_dir / rundir.STOP_FILE).touch()
             lost = self.engine.runner_lost()
-            if lost is not None:  # the future would never complete: stop the job ourselves
+            if lost is not None:  # the future would never complete: stop the attempt ourselves (launch or job)
                 from campaign.recovery import stop_orphan
 
                 stopped = stop_orphan(run_dir, self.spec.site)
-                (run_dir / rundir.STOP_FILE).unlink(missing_ok=True)  # the job is stopped; a relaunch may start
+                (run_dir / rundir.STOP_FILE).unlink(missing_ok=True)  # the launch is stopped; a relaunch may start
                 rep = _app_failure(RuntimeError(f"{lost}; {stopped}"), run_dir)
                 return {**rep, "exit_code": 143, "exit_class": "block_lost", "block_failed": True}, offset
         try:
@@ -355,7 +356,8 @@ def rescue_message(r: dict[str, Any]) -> str:
 
 
 def _app_failure(e: Exception, run_dir: Path) -> dict[str, Any]:
-    """The report of an attempt whose supervisor app never returned."""
+    """The report of an attempt whose supervisor app never returned (an `AttemptReport`, as
+    the supervisor's own: the same keys, none added)."""
     from parsl.executors.errors import BadStateException
     from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
@@ -364,10 +366,10 @@ def _app_failure(e: Exception, run_dir: Path) -> dict[str, Any]:
     metrics, _ = report.read_metrics(run_dir)
     what = ("the block failed to start its worker" if unstarted else "the block ended under the attempt" if lost
             else "supervisor app failed")
-    return {"exit_code": 143 if lost or unstarted else 1,
-            "exit_class": "block_lost" if lost or unstarted else "crashed_systemic",
-            "block_failed": unstarted, "duration_s": 0.0, "nodes": [], "suspects": [], "killed_by": None,
-            "last_step": metrics[-1]["step"] if metrics else None, "error": f"{what}: {str(e)[:2000]}"}
+    return asdict(AttemptReport(exit_code=143 if lost or unstarted else 1,
+                                exit_class="block_lost" if lost or unstarted else "crashed_systemic",
+                                block_failed=unstarted, duration_s=0.0, nodes=[],
+                                last_step=metrics[-1]["step"] if metrics else None, error=f"{what}: {str(e)[:2000]}"))
 
 
 def _tokens_base(run: StageRun, resume: bool) -> int:

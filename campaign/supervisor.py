@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from campaign import evidence, exits, report, rundir, watchdog
 from campaign.attempt import AttemptRequest, Interrupt
@@ -78,6 +78,20 @@ class AttemptReport:
     """What the evidence says of a crash (`campaign.evidence.Finding`): node, systemic or unknown."""
     rescue: dict[str, Any] | None = None
     """The rescue checkpoint asked for after the fault (`rescue.json`: saved, step, rank, seconds or why not)."""
+    block_failed: bool = False
+    """Set by the driver, never by the supervisor: the block never started its worker, or the
+    driver lost its runner under the attempt (`campaign.stagecontext`): a fresh Parsl load may help."""
+
+
+class Failure(NamedTuple):
+    """The first rank of a launch that exited non-zero."""
+
+    rank: int
+    """-1 while only the launcher process (mpiexec, srun) is known to have failed: its log names the rank."""
+    exit_code: int
+    node: str
+    seen: float
+    """When the supervisor saw the exit (time.time())."""
 
 
 @dataclass
@@ -97,13 +111,13 @@ class _Launch:
     def done(self) -> bool:
         return len(self.exits) == len(self.procs)
 
-    def first_failure(self) -> tuple[int, int, str, float] | None:
+    def first_failure(self) -> Failure | None:
         failed = [(t, i, c) for i, (c, t) in self.exits.items() if c != 0]
         if not failed:
             return None
         t, i, code = min(failed)
         rank, node, _ = self.procs[i]
-        return rank, _norm(code), node, t
+        return Failure(rank, _norm(code), node, t)
 
     def signal(self, sig: int) -> None:
         self.stopped_at = self.stopped_at or time.time()
@@ -161,7 +175,7 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
     if adapter is not None:  # what rank 0 printed just before it exited
         adapter.poll(time.time())
     failure = launch.first_failure()
-    if failure is not None and failure[0] == -1:  # one launcher process: its log names the rank
+    if failure is not None and failure.rank == -1:  # one launcher process: its log names the rank
         failure = launcher_failure(rundir.launcher_log(run_dir), failure)
     metrics, _ = report.read_metrics(run_dir)
     finding = None
@@ -169,8 +183,9 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
         finding = evidence.assess(_rank_exits(launch, run_dir, failure), first_step=bool(metrics), nodes=hosts,
                                   same_poll_s=1.0)
         if finding.primary:
-            failure = (finding.primary["rank"], finding.primary["exit_code"], finding.primary["node"], failure[3])
-    code = exits.STALLED if watched.killed_by == "stalled" else (failure[1] if failure else 0)
+            failure = Failure(finding.primary["rank"], finding.primary["exit_code"], finding.primary["node"],
+                              failure.seen)
+    code = exits.STALLED if watched.killed_by == "stalled" else (failure.exit_code if failure else 0)
     if watched.killed_by == "exit_hung":  # the trainer's own last event says how it ended
         code = {"done": exits.OK, "deadline": exits.SIGTERM, "nonfinite_loss": exits.NONFINITE}.get(
             watched.final_event or "", exits.STALLED)
@@ -192,8 +207,8 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
     out = AttemptReport(
         exit_code=code, exit_class=exit_class, duration_s=round(time.time() - start, 3), nodes=hosts,
         allocation=allocation, spares=spares, killed_by=watched.killed_by, stall=watched.stall,
-        first_failure=None if failure is None else {"rank": failure[0], "exit_code": failure[1], "node": failure[2],
-                                                      "after_s": round(failure[3] - start, 3)},
+        first_failure=None if failure is None else {"rank": failure.rank, "exit_code": failure.exit_code,
+                                                      "node": failure.node, "after_s": round(failure.seen - start, 3)},
         suspects=suspects, last_step=metrics[-1]["step"] if metrics else None, launch_command=command,
         launch_text=text,
         detected_after_s=watched.detected_after_s, stragglers=watchdog.stragglers(beats, policy.straggler_ratio),
@@ -204,7 +219,7 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
 
 
 def _finish(run_dir: Path, out: AttemptReport) -> dict[str, Any]:
-    report.write_json_atomic(run_dir / "supervisor.json", asdict(out))
+    report.write_json_atomic(run_dir / rundir.SUPERVISOR_REPORT, asdict(out))
     return asdict(out)
 
 
@@ -357,12 +372,12 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
             _wait(launch, timeout=30.0)
             return _WatchOutcome(killed_by="interrupt")
         failure = launch.first_failure()
-        if failure is not None and watch.rescue and rescued is None and failure[1] not in NOT_FAULTS:
+        if failure is not None and watch.rescue and rescued is None and failure.exit_code not in NOT_FAULTS:
             # A rank died: the survivors linger (their collective failed) for the rescue request.
-            rank, _, node, _ = launcher_failure(rundir.launcher_log(run_dir), failure) if failure[0] == -1 \
+            rank, _, node, _ = launcher_failure(rundir.launcher_log(run_dir), failure) if failure.rank == -1 \
                 else failure
             rescued = _rescue(launch, request, hosts, watch, avoid_nodes={node}, avoid_ranks={rank})
-        if failure is not None and now - failure[3] > FAILED_RANK_GRACE_S:
+        if failure is not None and now - failure.seen > FAILED_RANK_GRACE_S:
             launch.stop(time.time)
             return _WatchOutcome(killed_by=None, rescue=rescued)  # the failed rank's exit is the evidence
         decision = watchdog.decide(watch, policy, now)
@@ -472,7 +487,7 @@ def _bisect(request: AttemptRequest, hosts: list[str], policy: watchdog.Watchdog
 
 def _drill(request: AttemptRequest, hosts: list[str], policy: watchdog.WatchdogPolicy) -> bool:
     """Run `campaign.train.drill` on `hosts` with the attempt's launch plan; True if it passed in time."""
-    drill_dir = Path(request.run_dir) / "drills" / "-".join(hosts)
+    drill_dir = rundir.drill_dir(Path(request.run_dir), hosts)
     (drill_dir / rundir.LOGS_DIR).mkdir(parents=True, exist_ok=True)
     sub = request.for_drill(drill_dir, free_port())
     sub.hostfile.write_text("".join(f"{h}\n" for h in hosts))
@@ -508,8 +523,8 @@ _LAUNCHER_FAILURES = (
 _SIGNALS = {"Killed": 137, "Segmentation fault": 139, "Aborted": 134}
 
 
-def launcher_failure(log: Path, failure: tuple[int, int, str, float]) -> tuple[int, int, str, float]:
-    """The first failed rank as the launcher reported it: (rank, exit code, node, time)."""
+def launcher_failure(log: Path, failure: Failure) -> Failure:
+    """The first failed rank as the launcher reported it (`failure` when its log names none)."""
     try:
         text = log.read_text(errors="replace")
     except OSError:
@@ -526,10 +541,10 @@ def launcher_failure(log: Path, failure: tuple[int, int, str, float]) -> tuple[i
     if not found:
         return failure
     _, rank, code, node = min(found)
-    return rank, code, node, failure[3]
+    return Failure(rank, code, node, failure.seen)
 
 
-def _rank_exits(launch: _Launch, run_dir: Path, failure: tuple[int, int, str, float]) -> list[evidence.RankExit]:
+def _rank_exits(launch: _Launch, run_dir: Path, failure: Failure) -> list[evidence.RankExit]:
     """The evidence of a crash: every rank's exit with the tail of its log (local launcher),
     or the failed rank the launcher named with its lines of the launcher's log."""
     stopped = launch.stopped_at

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from campaign import report
 from campaign.train import checkpoint, flops, rescue
-from campaign.train.config import TrainConfig, TrainerConfig
+from campaign.train.config import RunConfig, TrainConfig, TrainerConfig
 from campaign.train.data import Sampler, make_source
 from campaign.train.dist import DistEnv
 from campaign.train.faults import Faults
@@ -210,83 +210,23 @@ def overlap_steps(t: TrainConfig, device: torch.device, faults: list) -> bool:
 def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag, tr: Trainer,
           faults: Faults, saver: checkpoint.Saver, saves: list[checkpoint.Saved],
           res: rescue.Rescue | rescue.NoRescue) -> int:
-    """One step: forward and backward, then flags, clipping and the update queued, then the
-    host reads the loss (the one wait of the step), reports, and checkpoints. With
-    `overlap_steps` the read of step N comes after step N+1's forward and backward are
+    """The steps, read top to bottom: forward and backward over the micro-steps, one small
+    collective for the loss and the stop flags, clipping and the update queued, then the host
+    reads the step's results (`_finish`: the one wait of the step), reports and checkpoints.
+    With `overlap_steps` the read of step N comes after step N+1's forward and backward are
     queued, still before step N+1's update: the device runs while the host reports, and a
-    non-finite loss or a stop still ends the run before anything more is updated or saved."""
+    non-finite loss or a stop still ends the run before anything more is updated or saved.
+
+    Where the host waits for the device (or for other ranks) is marked SYNC below."""
     t, run = cfg.train, cfg.run
-    model, optim, sampler = tr.model, tr.optim, tr.sampler
-    W, A = env.world_size, t.grad_accum
     autocast = (torch.autocast(env.device.type, dtype=torch.bfloat16)
                 if use_bf16(t, env.device) and tr.autocast else contextlib.nullcontext())
     overlap = overlap_steps(t, env.device, cfg.faults)
-
-    step, tokens, step_s = 0, 0, 0.0
-    meta = None
-    if run.resume:
-        rep.phase("checkpoint", 0)
-        meta = checkpoint.load_latest(run.checkpoint_dir, model=model, optim=optim,
-                                      sched=tr.sched, device=env.device)
-    if meta:
-        step, tokens = meta["step"], meta["tokens"]
-        sampler.position = meta["data_position"] + faults.data_shift(step)
-        if tr.sched.last_epoch != step:  # scheduler state missing (world size changed)
-            tr.sched.last_epoch = step
-            for g, base in zip(optim.param_groups, tr.sched.base_lrs):
-                g["lr"] = base * lr_factor(t, step + 1)
-    res.mark(step, tokens, sampler.position)
-    rep.event("start", step, world_size=W, resumed=bool(meta), rescue=res.enabled, overlap_steps=overlap)
-    if meta:
-        rep.event("checkpoint_loaded", step, tokens=tokens,
-                  path=os.path.join(run.checkpoint_dir, report.checkpoint_name(step)))
-
-    tokens_per_step = sampler.samples_per_step * sampler.seq_len
-    queued: _Queued | None = None
+    step, tokens = _resume(cfg, env, rep, tr, faults, res, overlap)
+    tokens_per_step = tr.sampler.samples_per_step * tr.sampler.seq_len
+    queued: _Queued | None = None  # overlapped: the step whose results the host has not read yet
+    step_s = 0.0  # the last step's time (the deadline margin and the slow-down fault use it)
     host_free = 0.0  # perf_counter when the host last finished a step (its report, its save)
-
-    def finish(q: _Queued) -> int | None:
-        """Read step q.step's results, report, checkpoint. An exit code ends the run."""
-        nonlocal step_s, host_free
-        if q.ready is not None:
-            q.ready.synchronize()  # step q.step only: the next step's work stays queued
-        got = q.got.tolist()  # sequential: this read waits for the collectives (phase "collective")
-        if q.ready is None:
-            _sync(env.device)
-        loss_val = got[0]
-        term_any, deadline_any = (got[1] > 0, got[2] > 0) if W > 1 else (q.flags[0] > 0, q.flags[1] > 0)
-        if not math.isfinite(loss_val):
-            rep.event("nonfinite_loss", q.step, loss=loss_val)
-            return report.EXIT_NONFINITE
-        if not overlap:
-            rep.phase("compute", q.step)
-        res.mark(q.step, q.tokens, q.data_position)
-        # From the step's start or, overlapped, from when the host was done with the step
-        # before (its device work ran on meanwhile): the device's time for this step.
-        step_s = time.perf_counter() - max(q.t0, host_free)
-        final = q.step >= run.max_steps or (run.max_tokens is not None and q.tokens >= run.max_tokens)
-        if q.step % t.log_every == 0 or final or term_any or deadline_any:
-            tps = tokens_per_step / step_s
-            rep.step(step=q.step, tokens=q.tokens, loss=loss_val, step_time_s=step_s, lr=q.lr,
-                     tokens_per_s=tps, mfu=flops.mfu(tr.flops_per_token, tps / W, tr.device_name),
-                     comm_time_s=q.comm.pop(), mem_peak_gib=q.mem_peak,
-                     grad_norm=float(q.grad_norm.full_tensor()) if _sharded(q.grad_norm) else got[-1],
-                     time=time.time())
-        if term_any:
-            _drain(saver, rep, q.step)
-            return report.EXIT_SIGTERM
-        if ((final and run.checkpoint_final) or deadline_any or q.step in run.checkpoint_at
-                or (t.checkpoint_every and q.step % t.checkpoint_every == 0)):
-            rep.phase("checkpoint", q.step)
-            saver.save(step=q.step, tokens=q.tokens, data_position=q.data_position, model=model,
-                       optim=optim, sched=tr.sched)
-        saver.poll()
-        if deadline_any:
-            _drain(saver, rep, q.step)
-            rep.event("deadline", q.step, deadline_unix=run.deadline_unix)
-            return report.EXIT_SIGTERM
-        host_free = time.perf_counter()
-        return None
 
     while step < run.max_steps and (run.max_tokens is None or tokens < run.max_tokens):
         step += 1
@@ -294,81 +234,192 @@ def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
         rep.phase("compute", step)
         faults.step_start(step, rep)
         faults.slow(step, step_s)
-        loss_sum = None
-        for micro in range(A):
-            last = micro == A - 1
-            x, y = sampler.batch(micro)
-            with _no_sync(model, last):
-                with autocast:
-                    loss = model(x, y)
-                if A > 1:  # x / 1 is x: one kernel (and autograd node) fewer per step
-                    loss = loss / A
-                if last:
-                    faults.before_collective(step, rep)
-                    rep.phase("collective", step)  # the backward below all-reduces gradients
-                loss.backward()
-            sampler.prefetch(micro)  # on an accelerator the backward still runs: read ahead
-            # The first micro-step's loss as it is (0 + x is x: no zero-filled tensor to launch).
-            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+        loss_sum = _forward_backward(t, rep, tr, faults, autocast, step)
         if faults.nonfinite(step):
             loss_sum = loss_sum * float("nan")
         comm = tr.comm.cut()
         if queued is not None:  # overlapped: the step before, read while this one's backward runs
-            if (code := finish(queued)) is not None:
+            code, step_s = _finish(queued, cfg, env, rep, tr, saver, res, overlap, host_free)  # SYNC: step-1's results
+            if code is not None:
                 return code
+            host_free = time.perf_counter()
             queued = None
             rep.phase("collective", step)  # back in this step (a save moved it): its all-reduce, update
-        # With several ranks one small collective carries the loss and every rank's stop
-        # requests. Margin: 2 x the last save time (2 s assumed before the first save) + 2 step times.
-        last_save_s = saves[-1].seconds if saves else 2.0
-        deadline_near = (run.deadline_unix is not None
-                         and time.time() + 2 * last_save_s + 2 * step_s
-                         >= run.deadline_unix)
+        deadline_near = _deadline_near(run, saves, step_s)
         flags = [float(stop()), float(deadline_near)]
-        vec = loss_sum.float().view(1)
-        if W > 1:  # one rank has nothing to reduce: its own flags are the answer
-            # From pinned memory without blocking: a plain copy to the device would make the
-            # host wait here for the whole backward, the device then idle while the host
-            # launched clipping and the optimizer.
-            f = torch.tensor(flags)
-            if env.device.type == "cuda":
-                f = f.pin_memory()
-            vec = torch.cat([vec, f.to(env.device, non_blocking=True)])
-            dist.all_reduce(vec)
+        vec = _reduce_loss_and_flags(env, loss_sum, flags)
         # The update is queued before the loss is read, so the host waits once per step (at
         # the read) rather than idling the device between backward and optimizer. A
         # non-finite loss still ends the run before anything is saved or reported.
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.max_grad_norm or math.inf)
-        lr = optim.param_groups[0]["lr"]
-        saver.before_update()  # an async save's copy of the state must be finished
+        grad_norm = torch.nn.utils.clip_grad_norm_(tr.model.parameters(), t.max_grad_norm or math.inf)
+        lr = tr.optim.param_groups[0]["lr"]
+        saver.before_update()  # SYNC (only while an async save copies the state): the copy must be finished
         res.updating()  # from here until the step is done the state is no replica to save
-        optim.step()
-        optim.zero_grad(set_to_none=True)
+        tr.optim.step()
+        tr.optim.zero_grad(set_to_none=True)
         tr.sched.step()
         # Host-side work that needs no result, done while the device still computes: the
         # allocator's peak already counts this step (allocations are made when launched).
         mem_peak = mem_peak_gib(env.device)
-        # The mean in float32, as before, and the gradient norm in the same copy (a DTensor's
-        # needs a collective: read only when logged).
-        got = torch.cat([vec / W] if _sharded(grad_norm) else [vec / W, grad_norm.float().view(1)])
-        ready = None
-        if overlap and env.device.type == "cuda":
-            got = got.to("cpu", non_blocking=True)  # into pinned memory, in stream order
-            ready = torch.cuda.Event()
-            ready.record()
-        sampler.advance()
+        got, ready = _results(env, vec, grad_norm, overlap)
+        tr.sampler.advance()
         tokens += tokens_per_step
-        queued = _Queued(step, tokens, sampler.position, t0, lr, mem_peak, flags, got, ready,
+        queued = _Queued(step, tokens, tr.sampler.position, t0, lr, mem_peak, flags, got, ready,
                          grad_norm, comm)
         if not overlap:
-            if (code := finish(queued)) is not None:
+            code, step_s = _finish(queued, cfg, env, rep, tr, saver, res, overlap, host_free)  # SYNC: this step's results
+            if code is not None:
                 return code
+            host_free = time.perf_counter()
             queued = None
-    if queued is not None and (code := finish(queued)) is not None:
-        return code
-    _drain(saver, rep, step)
+    if queued is not None:  # overlapped: the last step is still unread
+        code, step_s = _finish(queued, cfg, env, rep, tr, saver, res, overlap, host_free)  # SYNC
+        if code is not None:
+            return code
+    _drain(saver, rep, step)  # SYNC: the save in flight is durable before the exit
     rep.event("done", step, tokens=tokens)
     return report.EXIT_OK
+
+
+def _resume(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, tr: Trainer, faults: Faults,
+            res: rescue.Rescue | rescue.NoRescue, overlap: bool) -> tuple[int, int]:
+    """Load the newest complete checkpoint when the attempt resumes; report the start. Returns
+    the step and tokens to go on from (0, 0 for a fresh start)."""
+    t, run, sampler = cfg.train, cfg.run, tr.sampler
+    step, tokens = 0, 0
+    meta = None
+    if run.resume:
+        rep.phase("checkpoint", 0)
+        meta = checkpoint.load_latest(run.checkpoint_dir, model=tr.model, optim=tr.optim,
+                                      sched=tr.sched, device=env.device)
+    if meta:
+        step, tokens = meta["step"], meta["tokens"]
+        sampler.position = meta["data_position"] + faults.data_shift(step)
+        if tr.sched.last_epoch != step:  # scheduler state missing (world size changed)
+            tr.sched.last_epoch = step
+            for g, base in zip(tr.optim.param_groups, tr.sched.base_lrs):
+                g["lr"] = base * lr_factor(t, step + 1)
+    res.mark(step, tokens, sampler.position)
+    rep.event("start", step, world_size=env.world_size, resumed=bool(meta), rescue=res.enabled,
+              overlap_steps=overlap)
+    if meta:
+        rep.event("checkpoint_loaded", step, tokens=tokens,
+                  path=os.path.join(run.checkpoint_dir, report.checkpoint_name(step)))
+    return step, tokens
+
+
+def _forward_backward(t: TrainConfig, rep: report.Reporter, tr: Trainer, faults: Faults,
+                      autocast: contextlib.AbstractContextManager, step: int) -> torch.Tensor:
+    """Forward and backward over the step's micro-batches; the gradients are all-reduced by
+    the last backward (DDP / FSDP2). Returns the sum of the micro-steps' losses (on the device)."""
+    A = t.grad_accum
+    loss_sum = None
+    for micro in range(A):
+        last = micro == A - 1
+        x, y = tr.sampler.batch(micro)
+        with _no_sync(tr.model, last):
+            with autocast:
+                loss = tr.model(x, y)
+            if A > 1:  # x / 1 is x: one kernel (and autograd node) fewer per step
+                loss = loss / A
+            if last:
+                faults.before_collective(step, rep)
+                rep.phase("collective", step)  # the backward below all-reduces gradients
+            loss.backward()
+        tr.sampler.prefetch(micro)  # on an accelerator the backward still runs: read ahead
+        # The first micro-step's loss as it is (0 + x is x: no zero-filled tensor to launch).
+        loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+    assert loss_sum is not None
+    return loss_sum
+
+
+def _deadline_near(run: RunConfig, saves: list[checkpoint.Saved], step_s: float) -> bool:
+    """Whether the deadline comes before one more save could finish. Margin: 2 x the last
+    save time (2 s assumed before the first save) + 2 step times."""
+    last_save_s = saves[-1].seconds if saves else 2.0
+    return (run.deadline_unix is not None
+            and time.time() + 2 * last_save_s + 2 * step_s
+            >= run.deadline_unix)
+
+
+def _reduce_loss_and_flags(env: DistEnv, loss_sum: torch.Tensor, flags: list[float]) -> torch.Tensor:
+    """[loss sum, flags summed over ranks]: with several ranks one small collective carries
+    the loss and every rank's stop requests; one rank has nothing to reduce (its own flags
+    are the answer, read from `flags`)."""
+    vec = loss_sum.float().view(1)
+    if env.world_size > 1:
+        # From pinned memory without blocking: a plain copy to the device would make the
+        # host wait here for the whole backward, the device then idle while the host
+        # launched clipping and the optimizer.
+        f = torch.tensor(flags)
+        if env.device.type == "cuda":
+            f = f.pin_memory()
+        vec = torch.cat([vec, f.to(env.device, non_blocking=True)])
+        dist.all_reduce(vec)  # SYNC on CPU (gloo runs it now); queued on an accelerator
+    return vec
+
+
+def _results(env: DistEnv, vec: torch.Tensor, grad_norm: torch.Tensor,
+             overlap: bool) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """What the host will read of the step: the mean loss in float32, the flags and a local
+    gradient norm in one copy (a DTensor's needs a collective: read only when logged).
+    Overlapped on CUDA: copied to pinned host memory in stream order, with an event to wait on."""
+    W = env.world_size
+    got = torch.cat([vec / W] if _sharded(grad_norm) else [vec / W, grad_norm.float().view(1)])
+    ready = None
+    if overlap and env.device.type == "cuda":
+        got = got.to("cpu", non_blocking=True)  # into pinned memory, in stream order
+        ready = torch.cuda.Event()
+        ready.record()
+    return got, ready
+
+
+def _finish(q: _Queued, cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, tr: Trainer,
+            saver: checkpoint.Saver, res: rescue.Rescue | rescue.NoRescue, overlap: bool,
+            host_free: float) -> tuple[int | None, float]:
+    """Read step q.step's results, report, checkpoint. Returns an exit code that ends the run
+    (None: go on) and the step's time."""
+    t, run, W = cfg.train, cfg.run, env.world_size
+    if q.ready is not None:
+        q.ready.synchronize()  # SYNC: step q.step only; the next step's work stays queued
+    got = q.got.tolist()  # SYNC: waits for the device and the collectives (phase "collective")
+    if q.ready is None:
+        _sync(env.device)  # SYNC: the whole step (the update included) before it is timed
+    loss_val = got[0]
+    term_any, deadline_any = (got[1] > 0, got[2] > 0) if W > 1 else (q.flags[0] > 0, q.flags[1] > 0)
+    # From the step's start or, overlapped, from when the host was done with the step
+    # before (its device work ran on meanwhile): the device's time for this step.
+    step_s = 0.0
+    if not math.isfinite(loss_val):
+        rep.event("nonfinite_loss", q.step, loss=loss_val)
+        return report.EXIT_NONFINITE, step_s
+    if not overlap:
+        rep.phase("compute", q.step)
+    res.mark(q.step, q.tokens, q.data_position)
+    step_s = time.perf_counter() - max(q.t0, host_free)
+    final = q.step >= run.max_steps or (run.max_tokens is not None and q.tokens >= run.max_tokens)
+    if q.step % t.log_every == 0 or final or term_any or deadline_any:
+        tps = tr.sampler.samples_per_step * tr.sampler.seq_len / step_s
+        rep.step(step=q.step, tokens=q.tokens, loss=loss_val, step_time_s=step_s, lr=q.lr,
+                 tokens_per_s=tps, mfu=flops.mfu(tr.flops_per_token, tps / W, tr.device_name),
+                 comm_time_s=q.comm.pop(), mem_peak_gib=q.mem_peak,
+                 # SYNC (FSDP2, when logged): a sharded norm is gathered by a collective
+                 grad_norm=float(q.grad_norm.full_tensor()) if _sharded(q.grad_norm) else got[-1],
+                 time=time.time())
+    if term_any:
+        _drain(saver, rep, q.step)  # SYNC: the save in flight
+        return report.EXIT_SIGTERM, step_s
+    if ((final and run.checkpoint_final) or deadline_any or q.step in run.checkpoint_at
+            or (t.checkpoint_every and q.step % t.checkpoint_every == 0)):
+        rep.phase("checkpoint", q.step)
+        saver.save(step=q.step, tokens=q.tokens, data_position=q.data_position, model=tr.model,
+                   optim=tr.optim, sched=tr.sched)  # SYNC: a synchronous save; an async one copies the state
+    saver.poll()
+    if deadline_any:
+        _drain(saver, rep, q.step)  # SYNC: the save in flight
+        rep.event("deadline", q.step, deadline_unix=run.deadline_unix)
+        return report.EXIT_SIGTERM, step_s
+    return None, step_s
 
 
 def _drain(saver: checkpoint.Saver, rep: report.Reporter, step: int) -> None:

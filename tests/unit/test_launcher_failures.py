@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from campaign.supervisor import launcher_failure
+from campaign.supervisor import Failure, launcher_failure
 
 SRUN = """\
 [rank0]: step 24
@@ -35,12 +35,12 @@ HYDRA = """\
 def test_first_failed_rank_from_the_launcher_log(tmp_path: Path, text: str, expected: tuple[int, int, str]) -> None:
     log = tmp_path / "launcher.log"
     log.write_text(text)
-    rank, code, node, _ = launcher_failure(log, (-1, 1, "", 0.0))
+    rank, code, node, _ = launcher_failure(log, Failure(-1, 1, "", 0.0))
     assert (rank, code, node) == expected
 
 
 def test_no_evidence_keeps_the_launcher_exit(tmp_path: Path) -> None:
     log = tmp_path / "launcher.log"
     log.write_text("training...\n")
-    assert launcher_failure(log, (-1, 143, "", 5.0)) == (-1, 143, "", 5.0)
-    assert launcher_failure(tmp_path / "missing.log", (-1, 2, "", 1.0)) == (-1, 2, "", 1.0)
+    assert launcher_failure(log, Failure(-1, 143, "", 5.0)) == (-1, 143, "", 5.0)
+    assert launcher_failure(tmp_path / "missing.log", Failure(-1, 2, "", 1.0)) == (-1, 2, "", 1.0)
