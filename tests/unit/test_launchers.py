@@ -309,8 +309,6 @@ def test_torchrun_really_runs(tmp_path: Path) -> None:
     # One write per rank (print may write the line and its newline apart): two ranks sharing
     # torchrun's stdout interleaved into "RR 0 0" once, on a loaded machine.
     (pkg / "hello.py").write_text(
-        # One write per rank (under PYTHONUNBUFFERED a print of three arguments is several
-        # writes, and two ranks' pieces interleaved once: "RR 0 0 / 1 1").
         "import os\nos.write(1, f\"R {os.environ['RANK']} {os.environ['LOCAL_RANK']}\\n\".encode())\n")
     # A free port (a fixed one failed once late in a CI run: exit 0, no rank output), and
     # an environment without another launcher's rank variables or torchrun's PET_* options.
