@@ -144,7 +144,10 @@ def custom_trainer_warnings(spec: CampaignSpec) -> list[str]:
         if getattr(spec, section).model_fields_set:
             out.append(f"{section}: set, but trainer.command runs your own trainer, which gets it only in "
                        "trainer.json ({config}); the built-in trainer's section")
-    own = sorted(set(BUILT_IN_ONLY) & spec.trainer.model_fields_set)
+    own = set(BUILT_IN_ONLY) & spec.trainer.model_fields_set
+    if any(st.kind in ("scaling", "long_run") for st in spec.stages):  # tokens per step, when the lines give none
+        own -= {"micro_batch_size", "grad_accum"}
+    own = sorted(own)
     if own:
         out.append(f"trainer.{', trainer.'.join(own)}: built-in trainer field(s); your command gets them only in "
                    "trainer.json ({config})")

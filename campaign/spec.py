@@ -33,6 +33,7 @@ from campaign.stages.long_run import LongRunStage
 from campaign.stages.loss_check import LossCheckStage
 from campaign.stages.resume_test import ResumeTestStage
 from campaign.stages.scaling import ScalingStage
+from campaign.stages.scaling import tokens_source as scaling_tokens_source
 from campaign.stages.smoke import SmokeStage
 from campaign.train.config import DataConfig, ModelConfig, TrainConfig
 
@@ -75,6 +76,12 @@ class CampaignSpec(StrictModel):
                     stage.check_batch(self.trainer.micro_batch_size)
                 except ValueError as e:
                     raise ValueError(f"stages[{i}].batch: {e}") from None
+                if scaling_tokens_source(self.trainer) is None:
+                    raise ValueError(f"stages[{i}]: a scaling stage cannot measure tokens/s: trainer.progress is stdout "
+                                     "and trainer.step_pattern has no `tokens` group; add (?P<tokens>...) for the "
+                                     "cumulative tokens your trainer prints, or set trainer.micro_batch_size (with "
+                                     "model.seq_len and trainer.grad_accum) to your trainer's batch, so tokens/s is "
+                                     "derived from step times")
             counts = getattr(stage, "node_counts", None) or []
             if counts and counts[-1] > self.site.nodes:
                 raise ValueError(f"stages[{i}].node_counts: {counts[-1]} nodes asked, but the site has {self.site.nodes}")

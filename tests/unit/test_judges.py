@@ -147,6 +147,23 @@ class TestScaling:
         assert row["comm_share"] == pytest.approx(0.25 / 1.065)
         assert row["mem_peak_gib"] == 10.0 and row["last_loss"] == pytest.approx(4.0)
 
+    def test_without_tokens_per_s_the_verdict_says_so_instead_of_crashing(self) -> None:
+        """Issue 27 item 1: a trainer read through its output reports no tokens/s; the judge
+        formatted None into its summary (TypeError) before it got to say so."""
+        rows = self.rows([100, 200, 400], [3.0, 3.0, 3.0])
+        for r in rows:
+            r.update(tokens_per_s=None, step_time_s=None)
+        v = scaling.judge(rows, self.stage, None)
+        assert not v.passed and "1 node(s): no tokens/s reported and no step time to derive it from" in v.reason
+
+    def test_tokens_per_s_from_step_times_and_tokens_per_step(self) -> None:
+        """Issue 27 item 1: tokens per step from the rows' cumulative tokens, else from the spec."""
+        rows = [{"step": s, "step_time_s": 0.5, "tokens": 256 * s, "loss": 3.0} for s in range(1, 11)]
+        assert scaling.measure(rows, nodes=2, warmup=2)["tokens_per_s"] == pytest.approx(512.0)
+        bare = [{**r, "tokens": 0} for r in rows]  # the stdout adapter's rows without a tokens group
+        assert scaling.measure(bare, nodes=2, warmup=2)["tokens_per_s"] is None
+        assert scaling.measure(bare, nodes=2, warmup=2, tokens_per_step=128)["tokens_per_s"] == pytest.approx(256.0)
+
     def test_strong_scaling_needs_a_divisible_batch(self) -> None:
         assert scaling.strong_micro_batch(8, 1, 4) == 2
         with pytest.raises(ValueError, match="does not split evenly over 3 nodes"):

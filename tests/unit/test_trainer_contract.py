@@ -101,6 +101,22 @@ def test_stdout_progress_needs_a_pattern_with_step_and_loss(run_cli: Any, tmp_pa
     assert code == 2 and "trainer.step_pattern: needs the named group(s) loss" in err
 
 
+def test_scaling_with_stdout_progress_needs_tokens_per_step_or_is_refused(run_cli: Any, tmp_path: Path) -> None:
+    """Issue 27 item 1: without tokens in the lines or a batch in the spec, tokens/s cannot be
+    derived: refused at validate, naming the stage and both ways out."""
+    head = ("name: x\ntrainer:\n  command: [python, t.py]\n  progress: stdout\n"
+            "  step_pattern: 'iter (?P<step>\\d+): loss (?P<loss>\\S+)'\n")
+    code, out, err = _validate(run_cli, tmp_path, head + "stages: [{kind: scaling, node_counts: [1, 2]}]\n")
+    assert code == 2 and out == ""
+    assert "stages[0]: a scaling stage cannot measure tokens/s" in err and "(?P<tokens>...)" in err, err
+    assert "trainer.micro_batch_size" in err
+    code, _, err = _validate(run_cli, tmp_path, head + "  micro_batch_size: 4\nstages: [{kind: scaling, node_counts: [1, 2]}]\n")
+    assert code == 0, err
+    tokens = head.replace("(?P<loss>\\S+)", "(?P<loss>\\S+) tokens (?P<tokens>\\d+)")
+    code, _, err = _validate(run_cli, tmp_path, tokens + "stages: [{kind: scaling, node_counts: [1, 2]}]\n")
+    assert code == 0, err
+
+
 def test_validate_warns_about_fields_a_custom_command_ignores(run_cli: Any, tmp_path: Path) -> None:
     code, out, err = _validate(run_cli, tmp_path, "name: x\nmodel: {size: small}\ntrainer:\n  command: [python, t.py]\n"
                                                   "  lr: 0.1\n  checkpoint_every: 5\nstages: [{kind: smoke}]\n")
