@@ -85,6 +85,8 @@ class AttemptRequest(StrictModel):
     progress_pattern: str | None = None
     """`trainer.step_pattern` of a trainer whose progress is read from rank 0's output
     (`progress: stdout`): the supervisor writes metrics.jsonl for it. None: the trainer writes it."""
+    progress_first_step: int = 1
+    """`trainer.first_step`: the printed step N is recorded as N + 1 - first_step."""
     env: dict[str, str]
     """Environment for every rank, on top of the launching process's own."""
     cpu_bind: str | None = None
@@ -162,6 +164,7 @@ def build_request(site: Site, config: TrainerConfig, *, run_dir: Path, nodes: in
         master_port=master_port, timeout_s=timeout_s, block_walltime_s=site.block_walltime_s(),
         deadline_from=site.deadline_from, interrupt=interrupt, watchdog=watchdog or WatchdogPolicy(),
         progress_pattern=config.train.step_pattern if config.train.progress == "stdout" else None,
+        progress_first_step=config.train.first_step,
     )
 
 

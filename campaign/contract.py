@@ -32,11 +32,17 @@ def placeholder_values(cfg: TrainerConfig, *, run_dir: Path, config: Path, hostf
     run = cfg.run
     return {
         "config": str(config), "run_dir": str(run_dir), "checkpoint_dir": run.checkpoint_dir,
-        "max_steps": str(run.max_steps), "max_tokens": str(run.max_tokens or 0), "resume": str(int(run.resume)),
+        "max_steps": str(trainers_max_steps(cfg)), "max_tokens": str(run.max_tokens or 0), "resume": str(int(run.resume)),
         "checkpoint_every": str(cfg.train.checkpoint_every), "checkpoint_at": ",".join(map(str, run.checkpoint_at)),
         "attempt": str(run.attempt), "hostfile": str(hostfile), "spec_dir": str(spec_dir),
         "python": "{python}",  # stays: the supervisor's interpreter, filled in by the launch plan
     }
+
+
+def trainers_max_steps(cfg: TrainerConfig) -> int:
+    """The last step to train in the trainer's own numbering (`trainer.first_step`): a trainer
+    that counts from 0 and trains through its `max_iters` gets steps - 1."""
+    return cfg.run.max_steps - (1 - cfg.train.first_step)
 
 
 def command_line(trainer: TrainConfig, values: dict[str, str], spec_dir: Path,
@@ -85,7 +91,7 @@ def target_environment(cfg: TrainerConfig, spec_dir: Path, resume_from: dict[str
     """The attempt's targets as environment variables (CAMPAIGN_MAX_STEPS, ...)."""
     run = cfg.run
     env = {
-        "CAMPAIGN_MAX_STEPS": str(run.max_steps), "CAMPAIGN_CHECKPOINT_DIR": run.checkpoint_dir,
+        "CAMPAIGN_MAX_STEPS": str(trainers_max_steps(cfg)), "CAMPAIGN_CHECKPOINT_DIR": run.checkpoint_dir,
         "CAMPAIGN_CHECKPOINT_EVERY": str(cfg.train.checkpoint_every), "CAMPAIGN_RESUME": str(int(run.resume)),
         "CAMPAIGN_SPEC_DIR": str(spec_dir),
     }

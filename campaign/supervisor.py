@@ -300,6 +300,8 @@ class ProgressAdapter:
     pattern: re.Pattern[str]
     offset: int = 0
     last: tuple[int, float] | None = None
+    shift: int = 0
+    """Added to every printed step: 1 for a trainer that counts from 0 (`trainer.first_step: 0`)."""
 
     @classmethod
     def for_request(cls, request: AttemptRequest) -> ProgressAdapter | None:
@@ -307,12 +309,15 @@ class ProgressAdapter:
             return None
         run_dir = Path(request.run_dir)
         log = "rank-0.log" if request.launcher == "local" else "launcher.log"
-        return cls(run_dir / "logs" / log, run_dir, re.compile(request.progress_pattern))
+        return cls(run_dir / "logs" / log, run_dir, re.compile(request.progress_pattern),
+                   shift=1 - request.progress_first_step)
 
     def poll(self, now: float) -> None:
         rows, self.offset = report.read_progress_lines(self.log, self.pattern, self.offset)
         if not rows:
             return
+        for row in rows:
+            row["step"] += self.shift
         # Lines read in one poll share its time: spread the time since the last poll over their steps.
         per_step = None
         if self.last is not None and rows[-1]["step"] > self.last[0]:

@@ -156,3 +156,25 @@ def test_progress_lines_are_read_from_an_offset_leaving_a_partial_line(tmp_path:
         f.write("ss 1.9, 0.5s\n")
     rows, _ = report.read_progress_lines(log, pattern, offset)
     assert rows == [{"step": 3, "loss": 1.9, "step_time_s": 0.5}]
+
+
+def test_a_trainer_counting_from_0_trains_exactly_the_steps_asked(tmp_path: Path) -> None:
+    """Issue 27 item 5: nanoGPT prints `iter 0` first and trains through --max_iters; with
+    `first_step: 0` it gets steps - 1 and its printed step N is recorded as step N + 1."""
+    from campaign import report
+    from campaign.supervisor import ProgressAdapter
+
+    trainer = {"command": ["python", "t.py", "--max_iters={max_steps}"], "progress": "stdout", "first_step": 0,
+               "step_pattern": r"iter (?P<step>\d+): loss (?P<loss>\S+),"}
+    req = _request(_spec(trainer), tmp_path, Targets(steps=5))
+    assert req.argv[-1] == "--max_iters=4" and req.env["CAMPAIGN_MAX_STEPS"] == "4"
+    run_dir = Path(req.run_dir)
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "logs" / "rank-0.log").write_text("".join(f"iter {i}: loss 3.5, time 1ms\n" for i in range(5)))
+    adapter = ProgressAdapter.for_request(req)
+    assert adapter is not None
+    adapter.poll(100.0)
+    rows, _ = report.read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    one = _request(_spec({**trainer, "first_step": 1}), tmp_path, Targets(steps=5))
+    assert one.argv[-1] == "--max_iters=5"
