@@ -31,6 +31,7 @@ from campaign.ledger import reads, writes
 from campaign.ledger.db import transient
 from campaign.ledger.models import Attempt, StageRun, utcnow
 from campaign.stagebase import StrictModel
+from campaign.train.config import CheckpointLayout
 from campaign.watchdog import WatchdogPolicy
 
 if TYPE_CHECKING:
@@ -58,6 +59,13 @@ class Interrupt(StrictModel):
     after_checkpoint: str | None = None
     """Also wait until this checkpoint directory is complete (an async save may still be
     writing it when `after_step` is reported)."""
+    checkpoint_step: int | None = None
+    """With a trainer's own layout (`AttemptRequest.checkpoint_layout`): wait instead for a
+    complete checkpoint of this step or later (one whose name gives no step: saved during
+    this attempt)."""
+    give_up_step: int | None = None
+    """Stop the run once this step is reported without that checkpoint (the trainer does not
+    save where it was asked): the stage says so instead of waiting for the timeout."""
 
 
 class AttemptRequest(StrictModel):
@@ -85,6 +93,9 @@ class AttemptRequest(StrictModel):
     progress_pattern: str | None = None
     """`trainer.step_pattern` of a trainer whose progress is read from rank 0's output
     (`progress: stdout`): the supervisor writes metrics.jsonl for it. None: the trainer writes it."""
+    checkpoint_layout: CheckpointLayout | None = None
+    """`trainer.checkpoints`: the trainer's own checkpoints (the supervisor notes the step of
+    those whose name gives none, `contract.note_checkpoint_steps`)."""
     progress_first_step: int = 1
     """`trainer.first_step`: the printed step N is recorded as N + 1 - first_step."""
     env: dict[str, str]
@@ -164,7 +175,7 @@ def build_request(site: Site, config: TrainerConfig, *, run_dir: Path, nodes: in
         master_port=master_port, timeout_s=timeout_s, block_walltime_s=site.block_walltime_s(),
         deadline_from=site.deadline_from, interrupt=interrupt, watchdog=watchdog or WatchdogPolicy(),
         progress_pattern=config.train.step_pattern if config.train.progress == "stdout" else None,
-        progress_first_step=config.train.first_step,
+        progress_first_step=config.train.first_step, checkpoint_layout=config.train.checkpoints,
     )
 
 

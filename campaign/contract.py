@@ -11,6 +11,7 @@ bisection drill and `--dry-run` see the same command line. Stdlib and pydantic m
 
 from __future__ import annotations
 
+import json
 import re
 import zipfile
 from pathlib import Path
@@ -104,21 +105,88 @@ def target_environment(cfg: TrainerConfig, spec_dir: Path, resume_from: dict[str
     return env
 
 
+TIMESTAMP_MIN = 10**9
+"""A number of 10 or more digits in a checkpoint's name is a unix time (s or ms), not a step."""
+STEPS_FILE = ".campaign-checkpoint-steps.json"
+"""In the checkpoint directory: the step of each checkpoint whose name gives none, as the
+trainer reported it when the checkpoint was saved ({name: {"mtime_ns", "step"}})."""
+
+
 def list_checkpoints(layout: CheckpointLayout | None, checkpoint_dir: str | Path) -> list[dict[str, Any]]:
     """Checkpoints in `checkpoint_dir`, oldest first, as `report.list_checkpoints` gives them:
-    {step, tokens, path, complete, time}; with `layout`, the trainer's own files or folders."""
+    {step, tokens, path, complete, time}; with `layout`, the trainer's own files or folders.
+    The step comes from the name (`layout.step_pattern`) unless the name holds none or a unix
+    time (`checkpoints/1733380000123/`): then from STEPS_FILE (what the trainer had reported
+    when it saved, `note_checkpoint_steps`), else None, and such checkpoints sort by mtime."""
     if layout is None:
         return report.list_checkpoints(checkpoint_dir)
     root = Path(checkpoint_dir)
     pattern = re.compile(layout.step_pattern)
+    noted = _noted_steps(root)
     out = []
     for path in root.glob(layout.glob) if root.is_dir() else []:
-        m = pattern.search(path.name)
-        if m is None:
+        st = path.stat()
+        step = _step_in_name(pattern, path.name)
+        if step is None:
+            entry = noted.get(str(path.relative_to(root)))
+            step = entry["step"] if entry and entry.get("mtime_ns") == st.st_mtime_ns else None
+        out.append({"step": step, "tokens": None, "path": str(path), "complete": _complete(layout, path),
+                    "time": st.st_mtime})
+    if any(c["step"] is None for c in out):  # mtime order
+        return sorted(out, key=lambda c: c["time"])
+    return sorted(out, key=lambda c: (c["step"], c["time"]))
+
+
+def _step_in_name(pattern: re.Pattern[str], name: str) -> int | None:
+    m = pattern.search(name)
+    if m is None or int(m["step"]) >= TIMESTAMP_MIN:
+        return None
+    return int(m["step"])
+
+
+def _noted_steps(root: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((root / STEPS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def note_checkpoint_steps(layout: CheckpointLayout | None, checkpoint_dir: str | Path, run_dir: str | Path,
+                          since: float = 0.0) -> None:
+    """Record the step of every checkpoint of `layout` whose name gives none and which was
+    written (mtime) since `since`: the last step the attempt in `run_dir` had reported
+    (metrics.jsonl `time`) when the checkpoint was saved. Called by the supervisor while it
+    watches, so a single `ckpt.pt` rewritten in place keeps the step of its last save."""
+    root = Path(checkpoint_dir)
+    if layout is None or not root.is_dir():
+        return
+    pattern = re.compile(layout.step_pattern)
+    noted = _noted_steps(root)
+    new = {}
+    for path in root.glob(layout.glob):
+        name, mtime_ns = str(path.relative_to(root)), path.stat().st_mtime_ns
+        if _step_in_name(pattern, path.name) is not None or mtime_ns / 1e9 < since:
             continue
-        out.append({"step": int(m["step"]), "tokens": None, "path": str(path), "complete": _complete(layout, path),
-                    "time": path.stat().st_mtime})
-    return sorted(out, key=lambda c: c["step"])
+        if (noted.get(name) or {}).get("mtime_ns") != mtime_ns:
+            new[name] = mtime_ns
+    if not new:
+        return
+    rows, _ = report.read_metrics(run_dir)
+    for name, mtime_ns in new.items():
+        before = [r["step"] for r in rows if r.get("time") is not None and r["time"] <= mtime_ns / 1e9]
+        if before:
+            noted[name] = {"mtime_ns": mtime_ns, "step": max(before)}
+    report.write_json_atomic(root / STEPS_FILE, noted)
+
+
+def checkpoint_since(layout: CheckpointLayout | None, checkpoint_dir: str | Path, step: int,
+                     since: float) -> dict[str, Any] | None:
+    """A complete checkpoint of `step` or later, or (its step unknown) written since `since`."""
+    for c in reversed(list_checkpoints(layout, checkpoint_dir)):
+        if c["complete"] and (c["step"] >= step if c["step"] is not None else c["time"] >= since):
+            return c
+    return None
 
 
 def _complete(layout: CheckpointLayout, path: Path) -> bool:

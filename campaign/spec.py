@@ -31,7 +31,7 @@ from campaign.executors.slurm import SlurmSite
 from campaign.stagebase import StageSpec, StrictModel
 from campaign.stages.long_run import LongRunStage
 from campaign.stages.loss_check import LossCheckStage
-from campaign.stages.resume_test import ResumeTestStage
+from campaign.stages.resume_test import ResumeTestStage, resume_test_unsatisfiable
 from campaign.stages.scaling import ScalingStage
 from campaign.stages.scaling import tokens_source as scaling_tokens_source
 from campaign.stages.smoke import SmokeStage
@@ -82,6 +82,10 @@ class CampaignSpec(StrictModel):
                                      "cumulative tokens your trainer prints, or set trainer.micro_batch_size (with "
                                      "model.seq_len and trainer.grad_accum) to your trainer's batch, so tokens/s is "
                                      "derived from step times")
+            if isinstance(stage, ResumeTestStage):
+                why = resume_test_unsatisfiable(self.trainer)
+                if why:
+                    raise ValueError(f"stages[{i}]: the resume test cannot run with this trainer: {why}")
             counts = getattr(stage, "node_counts", None) or []
             if counts and counts[-1] > self.site.nodes:
                 raise ValueError(f"stages[{i}].node_counts: {counts[-1]} nodes asked, but the site has {self.site.nodes}")

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from campaign import evidence, exits, report, watchdog
+from campaign import contract, evidence, exits, report, watchdog
 from campaign.attempt import AttemptRequest, Interrupt
 from campaign.train import rescue, warm
 
@@ -331,7 +331,10 @@ class ProgressAdapter:
         report.append_metrics(self.run_dir, rows)
 
 
-def _checkpoint_ready(interrupt: Interrupt) -> bool:
+def _checkpoint_ready(interrupt: Interrupt, request: AttemptRequest, start: float) -> bool:
+    if request.checkpoint_layout is not None and interrupt.checkpoint_step is not None:
+        return contract.checkpoint_since(request.checkpoint_layout, request.env["CAMPAIGN_CHECKPOINT_DIR"],
+                                         interrupt.checkpoint_step, start) is not None
     path = interrupt.after_checkpoint
     return path is None or (Path(path) / report.COMPLETE_MARKER).exists()
 
@@ -356,13 +359,20 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
         if adapter is not None:
             adapter.poll(now)
         _observe(run_dir, watch, offsets, now)
+        if request.checkpoint_layout is not None:
+            contract.note_checkpoint_steps(request.checkpoint_layout, request.env["CAMPAIGN_CHECKPOINT_DIR"], run_dir,
+                                           since=start)
         if (run_dir / STOP_FILE).exists():
             launch.stop(time.time)
             return _WatchOutcome(killed_by="stop")
-        if interrupt and watch.last_step >= interrupt.after_step and _checkpoint_ready(interrupt):
+        if interrupt and watch.last_step >= interrupt.after_step and _checkpoint_ready(interrupt, request, start):
             launch.signal(getattr(signal, interrupt.signal))
             _wait(launch, timeout=30.0)
             return _WatchOutcome(killed_by="interrupt")
+        if interrupt and interrupt.give_up_step and watch.last_step >= interrupt.give_up_step:
+            launch.stop(time.time)
+            return _WatchOutcome(killed_by="interrupt", stall=f"no complete checkpoint of step "
+                                 f"{interrupt.checkpoint_step} or later by step {watch.last_step}")
         failure = launch.first_failure()
         if failure is not None and watch.rescue and rescued is None and failure[1] not in NOT_FAULTS:
             # A rank died: the survivors linger (their collective failed) for the rescue request.

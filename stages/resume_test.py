@@ -55,6 +55,18 @@ class ResumeTestStage(StageSpec):
 NO_CKPT = {"checkpoint_every": 0}
 
 
+def resume_test_unsatisfiable(trainer: Any) -> str | None:
+    """Why no run of `trainer` (a TrainConfig) can satisfy the resume test, or None; checked by
+    `campaign validate`, before any node is spent."""
+    if trainer.command is None or trainer.checkpoints is not None:
+        return None
+    if trainer.progress == "stdout":
+        return ("trainer.progress is stdout and trainer.checkpoints is not set, so campaign finds no checkpoint "
+                "to wait for and resume from; set trainer.checkpoints (your trainer's own files: glob, complete) "
+                "and trainer.resume_args (how it resumes), or write step-NNNNNNNN/ checkpoints with campaign.report")
+    return None
+
+
 def first_targets(stage: ResumeTestStage, spec: Any, nodes: int) -> Targets:
     """What the uninterrupted reference run must do; `--dry-run` shows the same."""
     return Targets(steps=stage.steps, checkpoints="checkpoints-reference", train=NO_CKPT, checkpoint_final=False,
@@ -76,12 +88,26 @@ def run(ctx: StageContext, stage: ResumeTestStage) -> Verdict:
         ckpt = f"checkpoints-{sig.lower()}"
         # The interrupted run has no end of its own, so the interrupt always lands mid-training,
         # and only once its checkpoint is complete (an async save may still be writing it).
+        # A trainer's own checkpoints (trainer.checkpoints) are waited for by step, or, when the
+        # name gives none (nanoGPT's ckpt.pt, timestamped folders), as one saved during the run.
+        own = ctx.spec.trainer.checkpoints is not None
         cut = ctx.launch(Targets(steps=UNBOUNDED, checkpoints=ckpt, checkpoint_at=(stage.checkpoint_step,),
                                  train=NO_CKPT, exact=True), nodes=stage.nodes, timeout_s=stage.timeout_s,
                          label=f"{sig} at step {stage.interrupt_step}",
                          interrupt={"after_step": stage.interrupt_step, "signal": sig,
                                     "after_checkpoint": str(ctx.stage_dir / ckpt /
-                                                            report.checkpoint_name(stage.checkpoint_step))})
+                                                            report.checkpoint_name(stage.checkpoint_step)),
+                                    "checkpoint_step": stage.checkpoint_step,
+                                    "give_up_step": give_up_step(stage)})
+        if cut.report.get("stall", "") and str(cut.report.get("stall")).startswith("no complete checkpoint"):
+            layout = ctx.spec.trainer.checkpoints
+            found = (f"trainer.checkpoints.glob {layout.glob!r}" if own and layout else
+                     f"{report.checkpoint_name(stage.checkpoint_step)}/{report.COMPLETE_MARKER}")
+            return after_retry(Verdict(False, f"the interrupted run ({sig}) reached step {cut.last_step} without a "
+                                       f"complete checkpoint of step {stage.checkpoint_step} in "
+                                       f"{ctx.stage_dir / ckpt} ({found}): the trainer must save at {{checkpoint_at}} "
+                                       f"(CAMPAIGN_CHECKPOINT_AT); rank 0's log: {cut.rank0_log}",
+                                       {"cut_last_step": cut.last_step}), retried)
         resumed, first = ctx.launch_confirmed(Targets(steps=stage.steps, resume=True, checkpoints=ckpt,
                                                       train=NO_CKPT, checkpoint_final=False, exact=True),
                                               nodes=stage.nodes, timeout_s=stage.timeout_s,
@@ -90,6 +116,11 @@ def run(ctx: StageContext, stage: ResumeTestStage) -> Verdict:
         checks.append(compare(sig, reference.metrics, cut.as_dict(), resumed.as_dict(), stage.tolerance,
                               checkpoint_step=stage.checkpoint_step))
     return after_retry(judge(checks), retried)
+
+
+def give_up_step(stage: ResumeTestStage) -> int:
+    """The step at which the interrupted run is stopped if its checkpoint never appeared."""
+    return stage.interrupt_step + max(stage.steps, 2 * (stage.interrupt_step - stage.checkpoint_step))
 
 
 def compare(signal: str, reference: list[dict[str, Any]], cut: dict[str, Any], resumed: dict[str, Any],

@@ -178,3 +178,58 @@ def test_a_trainer_counting_from_0_trains_exactly_the_steps_asked(tmp_path: Path
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     one = _request(_spec({**trainer, "first_step": 1}), tmp_path, Targets(steps=5))
     assert one.argv[-1] == "--max_iters=5"
+
+
+def test_a_single_file_checkpoint_gets_the_step_reported_when_it_was_saved(tmp_path: Path) -> None:
+    """Issue 27 item 2: nanoGPT rewrites one `ckpt.pt` (no step in the name): its step is the
+    last step the attempt had reported at the file's mtime, noted while the supervisor watches."""
+    import json
+    import os
+
+    layout = _spec({"command": ["python", "t.py"], "checkpoints": {"glob": "ckpt.pt"}}).trainer.checkpoints
+    ckpt, run_dir = tmp_path / "ckpt", tmp_path / "attempt-001"
+    ckpt.mkdir()
+    run_dir.mkdir()
+    t0 = 1_800_000_000.0
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "tokens": 0, "loss": 3.0, "step_time_s": 1.0,
+                                                               "time": t0 + s}) + "\n" for s in range(1, 13)))
+    with zipfile.ZipFile(ckpt / "ckpt.pt", "w") as z:
+        z.writestr("data.pkl", b"x")
+    os.utime(ckpt / "ckpt.pt", (t0 + 5.5, t0 + 5.5))
+    assert [c["step"] for c in contract.list_checkpoints(layout, ckpt)] == [None], "unknown until noted"
+    contract.note_checkpoint_steps(layout, ckpt, run_dir)
+    assert [(c["step"], c["complete"]) for c in contract.list_checkpoints(layout, ckpt)] == [(5, True)]
+    os.utime(ckpt / "ckpt.pt", (t0 + 10.5, t0 + 10.5))  # saved again in place
+    contract.note_checkpoint_steps(layout, ckpt, run_dir)
+    assert contract.newest_complete(layout, ckpt)["step"] == 10  # type: ignore[index]
+    assert contract.checkpoint_since(layout, ckpt, 10, since=0) is not None
+    assert contract.checkpoint_since(layout, ckpt, 11, since=0) is None
+
+
+def test_a_timestamp_in_a_folder_name_is_never_read_as_a_step(tmp_path: Path) -> None:
+    """Issue 27 item 2: FSDP2's example saves DCP folders named by unix time in ms."""
+    import os
+
+    layout = _spec({"command": ["python", "t.py"], "checkpoints": {
+        "glob": "checkpoints/dtensor_api/*", "complete": "marker", "marker": "optim_state_dict.pt"}}).trainer.checkpoints
+    for i, stamp in enumerate((1_764_900_000_123, 1_764_900_009_456)):
+        folder = tmp_path / "checkpoints" / "dtensor_api" / str(stamp)
+        folder.mkdir(parents=True)
+        (folder / "optim_state_dict.pt").write_bytes(b"x")
+        os.utime(folder, (1000 + i, 1000 + i))
+    found = contract.list_checkpoints(layout, tmp_path)
+    assert [c["step"] for c in found] == [None, None] and found[-1]["path"].endswith("1764900009456")
+    # the run started after both were written: neither is this run's checkpoint
+    assert contract.checkpoint_since(layout, tmp_path, 10, since=2000) is None
+    assert contract.checkpoint_since(layout, tmp_path, 10, since=1001) is not None
+
+
+def test_a_resume_test_no_checkpoint_can_satisfy_is_refused_at_validate(run_cli: Any, tmp_path: Path) -> None:
+    """Issue 27 item 2: before any node is spent."""
+    text = ("name: x\ntrainer:\n  command: [python, t.py]\n  progress: stdout\n"
+            "  step_pattern: 'iter (?P<step>\\d+): loss (?P<loss>\\S+)'\nstages: [{kind: resume_test}]\n")
+    code, out, err = _validate(run_cli, tmp_path, text)
+    assert code == 2 and out == ""
+    assert "stages[0]: the resume test cannot run with this trainer" in err and "trainer.checkpoints" in err, err
+    code, _, err = _validate(run_cli, tmp_path, text.replace("stages:", "  checkpoints: {glob: ckpt.pt}\nstages:"))
+    assert code == 0, err
