@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -152,32 +153,56 @@ def _noted_steps(root: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def note_checkpoint_steps(layout: CheckpointLayout | None, checkpoint_dir: str | Path, run_dir: str | Path,
-                          since: float = 0.0) -> None:
-    """Record the step of every checkpoint of `layout` whose name gives none and which was
-    written (mtime) since `since`: the last step the attempt in `run_dir` had reported
-    (metrics.jsonl `time`) when the checkpoint was saved. Called by the supervisor while it
-    watches, so a single `ckpt.pt` rewritten in place keeps the step of its last save."""
+def note_checkpoint_steps(layout: CheckpointLayout | None, checkpoint_dir: str | Path,
+                          seen: list[tuple[int, float, float]], *, since: float = 0.0,
+                          expected: Callable[[int], bool] | None = None) -> None:
+    """Record in STEPS_FILE the step of every checkpoint of `layout` whose name gives none and
+    which was written (mtime) since `since`, once `step_at_save` can tell it from the steps
+    the attempt reported (`seen`: (step, earliest, latest) times it was printed). Called by
+    the supervisor while it watches, so a single `ckpt.pt` rewritten in place keeps the step
+    of its last save."""
     root = Path(checkpoint_dir)
     if layout is None or not root.is_dir():
         return
     pattern = re.compile(layout.step_pattern)
     noted = _noted_steps(root)
-    new = {}
+    changed = False
     for path in root.glob(layout.glob):
         name, mtime_ns = str(path.relative_to(root)), path.stat().st_mtime_ns
         if _step_in_name(pattern, path.name) is not None or mtime_ns / 1e9 < since:
             continue
-        if (noted.get(name) or {}).get("mtime_ns") != mtime_ns:
-            new[name] = mtime_ns
-    if not new:
-        return
-    rows, _ = report.read_metrics(run_dir)
-    for name, mtime_ns in new.items():
-        before = [r["step"] for r in rows if r.get("time") is not None and r["time"] <= mtime_ns / 1e9]
-        if before:
-            noted[name] = {"mtime_ns": mtime_ns, "step": max(before)}
-    report.write_json_atomic(root / STEPS_FILE, noted)
+        if (noted.get(name) or {}).get("mtime_ns") == mtime_ns:
+            continue
+        step = step_at_save(mtime_ns / 1e9, seen, expected)
+        if step is not None:
+            noted[name] = {"mtime_ns": mtime_ns, "step": step}
+            changed = True
+    if changed:
+        report.write_json_atomic(root / STEPS_FILE, noted)
+
+
+def step_at_save(mtime: float, seen: list[tuple[int, float, float]],
+                 expected: Callable[[int], bool] | None = None) -> int | None:
+    """The step a checkpoint saved at `mtime` holds, from the steps reported around it (each
+    (step, earliest, latest): when its line can have been printed), for a trainer that prints
+    a step's line before it saves that step (nanoGPT and most loops): at least every step
+    printed before the save, at most the last one that can have been. Where lines read in the
+    same poll as the save leave a range, the one step in it at which the trainer was asked to
+    save (`expected`: {checkpoint_every} multiples, {checkpoint_at}); None while unknown (no
+    poll since the save yet, or no single step fits)."""
+    if not seen or max(latest for _, _, latest in seen) < mtime:
+        return None
+    lo = max((step for step, _, latest in seen if latest <= mtime), default=0)
+    top = max((step for step, earliest, _ in seen if earliest < mtime), default=0)
+    if top <= lo:
+        return lo
+    fits = [s for s in range(lo, top + 1) if expected is not None and expected(s)]
+    return fits[0] if len(fits) == 1 else None
+
+
+def expected_saves(every: int, at: tuple[int, ...] | list[int]) -> Callable[[int], bool]:
+    """Whether the trainer was asked to save at a step: a multiple of `every`, or one of `at`."""
+    return lambda step: step > 0 and ((every > 0 and step % every == 0) or step in at)
 
 
 def checkpoint_since(layout: CheckpointLayout | None, checkpoint_dir: str | Path, step: int,
@@ -214,12 +239,16 @@ def custom_trainer_warnings(spec: CampaignSpec) -> list[str]:
     if spec.trainer.command is None:
         return []
     out = []
+    per_step = any(st.kind in ("scaling", "long_run") for st in spec.stages)  # tokens per step from the spec
     for section in ("model", "data"):
-        if getattr(spec, section).model_fields_set:
+        fields = set(getattr(spec, section).model_fields_set)
+        if section == "model" and per_step:
+            fields -= {"seq_len"}
+        if fields:
             out.append(f"{section}: set, but trainer.command runs your own trainer, which gets it only in "
                        "trainer.json ({config}); the built-in trainer's section")
     own = set(BUILT_IN_ONLY) & spec.trainer.model_fields_set
-    if any(st.kind in ("scaling", "long_run") for st in spec.stages):  # tokens per step, when the lines give none
+    if per_step:  # tokens per step, when the lines give none
         own -= {"micro_batch_size", "grad_accum"}
     own = sorted(own)
     if own:

@@ -74,6 +74,11 @@ def steps_for_tokens(spec: Any, tokens: int, nodes: int | None) -> int:
     return -(-tokens // per_step)
 
 
+def at_step(step: int | None) -> str:
+    """`at step 12`, or `before its first step` (never "step None")."""
+    return "before its first step" if step is None else f"at step {step}"
+
+
 def where(result: dict[str, Any], file: str) -> str:
     """Where to look when `file` of an attempt's run directory lacks what a verdict needed:
     ' (RUN_DIR/metrics.jsonl is missing; rank 0's log: RUN_DIR/logs/rank-0.log)'. Empty for a

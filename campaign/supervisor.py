@@ -7,7 +7,9 @@ the trainer with the site's launcher, and watches it:
 
 - the stall watchdog (`campaign.watchdog`) reads metrics, events and heartbeats; on a stall
   it names the culprit nodes, then SIGTERMs the launch and SIGKILLs it after a grace period
-  (exit 124, class `stalled`);
+  (exit 124, class `stalled`); past the attempt's hard timeout (the stage's `timeout_s`) it
+  does the same, class `timed_out` (its reason says the timeout, the step and how long since
+  the last progress: not a stall);
 - when one rank fails, the others get `FAILED_RANK_GRACE_S` to notice before the launch is
   stopped; the first failure is the evidence;
 - a `STOP` file in the run directory (written by `campaign cancel`, or by a driver
@@ -162,6 +164,8 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
     watched = _watch(launch, request, hosts, start, adapter)
     if adapter is not None:  # what rank 0 printed just before it exited
         adapter.poll(time.time())
+        if request.checkpoint_layout is not None:
+            _note_checkpoints(request, adapter, [], start)
     failure = launch.first_failure()
     if failure is not None and failure[0] == -1:  # one launcher process: its log names the rank
         failure = launcher_failure(run_dir / "logs" / "launcher.log", failure)
@@ -172,7 +176,7 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
                                   same_poll_s=1.0)
         if finding.primary:
             failure = (finding.primary["rank"], finding.primary["exit_code"], finding.primary["node"], failure[3])
-    code = exits.STALLED if watched.killed_by == "stalled" else (failure[1] if failure else 0)
+    code = exits.STALLED if watched.killed_by in ("stalled", "timeout") else (failure[1] if failure else 0)
     if watched.killed_by == "exit_hung":  # the trainer's own last event says how it ended
         code = {"done": exits.OK, "deadline": exits.SIGTERM, "nonfinite_loss": exits.NONFINITE}.get(
             watched.final_event or "", exits.STALLED)
@@ -187,6 +191,8 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
                      "evidence": {"drills": drills}} for n, drills in _bisect(request, hosts, policy)]
     if watched.killed_by in ("stop", "interrupt"):
         exit_class = "cancelled"
+    elif watched.killed_by == "timeout":
+        exit_class = "timed_out"
     elif finding is not None:
         exit_class = exits.classify_finding(code, finding.kind)
     else:
@@ -302,6 +308,10 @@ class ProgressAdapter:
     last: tuple[int, float] | None = None
     shift: int = 0
     """Added to every printed step: 1 for a trainer that counts from 0 (`trainer.first_step: 0`)."""
+    seen: list[tuple[int, float, float]] = field(default_factory=list)
+    """(step, earliest, latest): each step with the poll before the one that read its line
+    and that poll (when it can have been printed); the step of a checkpoint saved in between."""
+    previous_poll: float = 0.0
 
     @classmethod
     def for_request(cls, request: AttemptRequest) -> ProgressAdapter | None:
@@ -314,10 +324,12 @@ class ProgressAdapter:
 
     def poll(self, now: float) -> None:
         rows, self.offset = report.read_progress_lines(self.log, self.pattern, self.offset)
+        earliest, self.previous_poll = self.previous_poll, now
         if not rows:
             return
         for row in rows:
             row["step"] += self.shift
+            self.seen.append((row["step"], earliest, now))
         # Lines read in one poll share its time: spread the time since the last poll over their steps.
         per_step = None
         if self.last is not None and rows[-1]["step"] > self.last[0]:
@@ -329,6 +341,18 @@ class ProgressAdapter:
             row["time"] = now
         self.last = (rows[-1]["step"], now)
         report.append_metrics(self.run_dir, rows)
+
+
+def _note_checkpoints(request: AttemptRequest, adapter: ProgressAdapter | None, seen: list[tuple[int, float, float]],
+                      start: float) -> None:
+    """The step of each of the trainer's own checkpoints whose name gives none, from the steps
+    reported around its save (`contract.note_checkpoint_steps`)."""
+    env = request.env
+    every = int(env.get("CAMPAIGN_CHECKPOINT_EVERY") or 0)
+    at = tuple(int(x) for x in (env.get("CAMPAIGN_CHECKPOINT_AT") or "").split(",") if x)
+    contract.note_checkpoint_steps(request.checkpoint_layout, env["CAMPAIGN_CHECKPOINT_DIR"],
+                                   adapter.seen if adapter is not None else seen, since=start,
+                                   expected=contract.expected_saves(every, at))
 
 
 def _checkpoint_ready(interrupt: Interrupt, request: AttemptRequest, start: float) -> bool:
@@ -350,6 +374,7 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
     timeout = request.timeout_s
     offsets = {"metrics": 0, "events": 0}
     rescued: dict[str, Any] | None = None
+    seen: list[tuple[int, float, float]] = []  # a trainer's own metrics rows: (step, time, time)
     while True:
         now = time.time()
         launch.poll(now)
@@ -358,10 +383,11 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
                                  else None, rescue=rescued)
         if adapter is not None:
             adapter.poll(now)
-        _observe(run_dir, watch, offsets, now)
+        rows = _observe(run_dir, watch, offsets, now)
+        if adapter is None:
+            seen += [(int(r["step"]), r["time"], r["time"]) for r in rows if r.get("time") is not None]
         if request.checkpoint_layout is not None:
-            contract.note_checkpoint_steps(request.checkpoint_layout, request.env["CAMPAIGN_CHECKPOINT_DIR"], run_dir,
-                                           since=start)
+            _note_checkpoints(request, adapter, seen, start)
         if (run_dir / STOP_FILE).exists():
             launch.stop(time.time)
             return _WatchOutcome(killed_by="stop")
@@ -397,7 +423,9 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
             return _WatchOutcome(killed_by="exit_hung", final_event=watch.final_event,
                             stall=f"the launch did not exit {decision.idle_s:.0f} s after the trainer finished; stopped it")
         if failure is None and (decision.stalled or now - start > timeout):
-            reason = decision.reason if decision.stalled else f"hard timeout of {timeout:g} s"
+            reason = (decision.reason if decision.stalled else
+                      f"hard timeout of {timeout:g} s (the stage's timeout_s) at step {watch.last_step or 'none'}, "
+                      f"{now - watch.last_progress:.0f} s after the last progress")
             beats = report.read_heartbeats(run_dir)
             # A trainer read through its output (progress: stdout) writes no heartbeats: their absence is no evidence.
             suspects = watchdog.culprits(beats, hosts, now, policy) if beats or adapter is None else []
@@ -406,8 +434,8 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
                 rescued = _rescue(launch, request, hosts, watch, avoid_nodes={s["node"] for s in suspects},
                                   avoid_ranks={s["evidence"].get("rank") for s in suspects})
             launch.stop(time.time)
-            return _WatchOutcome(killed_by="stalled", stall=reason, suspects=suspects, detected_after_s=round(detected, 2),
-                                 rescue=rescued)
+            return _WatchOutcome(killed_by="stalled" if decision.stalled else "timeout", stall=reason, suspects=suspects,
+                                 detected_after_s=round(detected, 2), rescue=rescued)
         time.sleep(POLL_S)
 
 
@@ -449,7 +477,8 @@ def _rescuer(launch: _Launch, request: AttemptRequest, hosts: list[str], avoid_n
     return -1
 
 
-def _observe(run_dir: Path, watch: watchdog.Watch, offsets: dict[str, int], now: float) -> None:
+def _observe(run_dir: Path, watch: watchdog.Watch, offsets: dict[str, int], now: float) -> list[dict[str, Any]]:
+    """Feed the watch what the run directory holds that is new; the new metrics rows."""
     rows, offsets["metrics"] = report.read_metrics(run_dir, offsets["metrics"])
     watch.saw_steps(rows, now)
     events, offsets["events"] = report.read_events_from(run_dir, offsets["events"])
@@ -458,6 +487,7 @@ def _observe(run_dir: Path, watch: watchdog.Watch, offsets: dict[str, int], now:
     phases = {r.get("phase") for b in beats.values() for r in b.get("ranks", {}).values()}
     watch.saw_phases({p for p in phases if p}, now)
     watch.saw_compute(beats)
+    return rows
 
 
 def _wait(launch: _Launch, timeout: float) -> None:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from campaign.reference import Reference
-from campaign.stagebase import StageSpec, Targets, Verdict, after_retry
+from campaign.stagebase import StageSpec, Targets, Verdict, after_retry, at_step
 
 if TYPE_CHECKING:
     from campaign.attempt import StageContext
@@ -179,7 +179,7 @@ def judge(rows: list[dict[str, Any]], stage: ScalingStage, reference: dict[int, 
     _efficiency(rows)
     if missing:
         bad = next((r for r in rows if r["nodes"] == missing[0]), None)
-        why = f"exited {bad['exit_code']} ({bad['exit_class']}) at step {bad['last_step']}" if bad else "did not run"
+        why = f"exited {bad['exit_code']} ({bad['exit_class']}) {at_step(bad['last_step'])}" if bad else "did not run"
         return Verdict(False, f"{missing[0]} node(s): {why}", numbers)
     base = rows[0]
     window = window_steps(stage)

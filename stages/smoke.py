@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from campaign.stagebase import StageSpec, Targets, Verdict, after_retry, where
+from campaign.stagebase import StageSpec, Targets, Verdict, after_retry, at_step, where
 
 if TYPE_CHECKING:
     from campaign.attempt import StageContext
@@ -54,9 +54,8 @@ def judge(result: dict[str, Any], *, expected_ranks: int, steps: int, startup_ex
     reported = sorted({int(r["rank"]) for r in startup.get("ranks", [])})
     numbers["ranks_reported"] = len(reported)
     missing = sorted(set(range(expected_ranks)) - set(reported))
-    if result.get("exit_class") == "stalled":
-        return Verdict(False, f"timed out after {result.get('duration_s', 0):.0f} s at step {result.get('last_step')}; "
-                       f"suspect nodes: {_names(result)}", numbers)
+    if result.get("exit_class") in ("stalled", "timed_out"):
+        return _stopped(result, numbers)
     if missing:
         return Verdict(False, f"{len(missing)} of {expected_ranks} ranks never reported (ranks {missing[:8]}); "
                        f"suspect nodes: {_names(result)}{where(result, 'startup.json')}", numbers)
@@ -81,8 +80,8 @@ def _steps_verdict(result: dict[str, Any], numbers: dict[str, Any], steps: int) 
     if bad:
         return losses, Verdict(False, f"non-finite loss at step {bad[0]}", numbers)
     if result.get("exit_code") != 0:
-        return losses, Verdict(False, f"trainer exited {result.get('exit_code')} ({result.get('exit_class')}) at "
-                               f"step {result.get('last_step')}{_log(result)}", numbers)
+        return losses, Verdict(False, f"trainer exited {result.get('exit_code')} ({result.get('exit_class')}) "
+                               f"{at_step(result.get('last_step'))}{_log(result)}", numbers)
     if len(losses) < steps:
         return losses, Verdict(False, f"only {len(losses)} of {steps} steps reported a loss"
                                f"{where(result, 'metrics.jsonl')}", numbers)
@@ -91,15 +90,22 @@ def _steps_verdict(result: dict[str, Any], numbers: dict[str, Any], steps: int) 
 
 def _judge_exits(result: dict[str, Any], numbers: dict[str, Any], expected_ranks: int, steps: int) -> Verdict:
     """A trainer without startup.json: every rank must exit 0 with finite losses for every step."""
-    if result.get("exit_class") == "stalled":
-        return Verdict(False, f"timed out after {result.get('duration_s', 0):.0f} s at step {result.get('last_step')}; "
-                       f"suspect nodes: {_names(result)}", numbers)
+    if result.get("exit_class") in ("stalled", "timed_out"):
+        return _stopped(result, numbers)
     numbers["not_checked"] = NOT_CHECKED
     losses, failed = _steps_verdict(result, numbers, steps)
     if failed is not None:
         return failed
     return Verdict(True, f"{expected_ranks}/{expected_ranks} ranks exited 0; {steps} steps, loss {losses[-1]:.4f} "
                    f"finite; not checked: {NOT_CHECKED}", numbers)
+
+
+def _stopped(result: dict[str, Any], numbers: dict[str, Any]) -> Verdict:
+    """A launch the supervisor stopped: a stall (no progress), or the hard timeout (exit 124)."""
+    what = "stalled" if result.get("exit_class") == "stalled" else "hit the hard timeout"
+    reason = f" [{result['stall']}]" if result.get("stall") else ""
+    return Verdict(False, f"{what} after {result.get('duration_s', 0):.0f} s {at_step(result.get('last_step'))}; "
+                   f"exit {result.get('exit_code')}{reason}; suspect nodes: {_names(result)}{_log(result)}", numbers)
 
 
 NOT_CHECKED = ("each rank's start-up and the all-reduce sum (the trainer writes no startup.json; "

@@ -85,11 +85,20 @@ class TestSmoke:
         r = self.result(metrics=[{"step": 1, "loss": 5.0}, {"step": 2, "loss": math.inf}, {"step": 3, "loss": 5.0}])
         assert "non-finite loss at step 2" in smoke.judge(r, expected_ranks=2, steps=3).reason
 
-    def test_timeout_fails_with_suspects(self) -> None:
+    def test_a_stall_fails_with_suspects(self) -> None:
         r = self.result(exit_code=124, exit_class="stalled", duration_s=300.0,
                         suspects=[{"node": "x1", "reason": "no heartbeat"}])
         v = smoke.judge(r, expected_ranks=2, steps=3)
-        assert not v.passed and "timed out" in v.reason and "x1" in v.reason
+        assert not v.passed and "stalled after 300 s at step 3" in v.reason and "x1" in v.reason
+
+    def test_the_hard_timeout_is_its_own_class_and_says_so(self) -> None:
+        """Issue 27 item 4: exit 124 from the hard timeout is not a stall; never "step None"."""
+        r = self.result(exit_code=124, exit_class="timed_out", duration_s=120.0, last_step=None, metrics=[],
+                        stall="hard timeout of 120 s (the stage's timeout_s) at step none, 118 s after the last progress")
+        for v in (smoke.judge(r, expected_ranks=2, steps=3), smoke.judge(r, expected_ranks=2, steps=3,
+                                                                       startup_expected=False)):
+            assert not v.passed and "hit the hard timeout after 120 s before its first step; exit 124" in v.reason
+            assert "hard timeout of 120 s (the stage's timeout_s)" in v.reason and "None" not in v.reason
 
 
 class TestScaling:

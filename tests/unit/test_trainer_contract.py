@@ -156,6 +156,9 @@ def test_progress_lines_are_read_from_an_offset_leaving_a_partial_line(tmp_path:
         f.write("ss 1.9, 0.5s\n")
     rows, _ = report.read_progress_lines(log, pattern, offset)
     assert rows == [{"step": 3, "loss": 1.9, "step_time_s": 0.5}]
+    ms = re.compile(r"iter (?P<step>\d+): loss (?P<loss>\S+), time (?P<step_time_ms>[\d.]+)ms")  # nanoGPT's line
+    log.write_text("iter 0: loss 3.4675, time 441.38ms, mfu -100.00%\n")
+    assert report.read_progress_lines(log, ms)[0] == [{"step": 0, "loss": 3.4675, "step_time_s": 0.44138}]
 
 
 def test_a_trainer_counting_from_0_trains_exactly_the_steps_asked(tmp_path: Path) -> None:
@@ -181,29 +184,44 @@ def test_a_trainer_counting_from_0_trains_exactly_the_steps_asked(tmp_path: Path
 
 
 def test_a_single_file_checkpoint_gets_the_step_reported_when_it_was_saved(tmp_path: Path) -> None:
-    """Issue 27 item 2: nanoGPT rewrites one `ckpt.pt` (no step in the name): its step is the
-    last step the attempt had reported at the file's mtime, noted while the supervisor watches."""
-    import json
+    """Issue 27 item 2: nanoGPT rewrites one `ckpt.pt` (no step in the name): its step is
+    bounded by the steps printed before and after its mtime, and is the one in that range the
+    trainer was asked to save at; noted while the supervisor watches, never guessed."""
     import os
 
-    layout = _spec({"command": ["python", "t.py"], "checkpoints": {"glob": "ckpt.pt"}}).trainer.checkpoints
-    ckpt, run_dir = tmp_path / "ckpt", tmp_path / "attempt-001"
-    ckpt.mkdir()
-    run_dir.mkdir()
+    layout = _spec({"command": ["python", "t.py"], "checkpoints": {"glob": "rank0/ckpt.pt"}}).trainer.checkpoints
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "rank0").mkdir(parents=True)
     t0 = 1_800_000_000.0
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "tokens": 0, "loss": 3.0, "step_time_s": 1.0,
-                                                               "time": t0 + s}) + "\n" for s in range(1, 13)))
-    with zipfile.ZipFile(ckpt / "ckpt.pt", "w") as z:
+    seen = [(s, t0 + s - 1, t0 + s) for s in range(1, 13)]  # one line per poll: step s read at t0 + s
+    with zipfile.ZipFile(ckpt / "rank0" / "ckpt.pt", "w") as z:
         z.writestr("data.pkl", b"x")
-    os.utime(ckpt / "ckpt.pt", (t0 + 5.5, t0 + 5.5))
+    os.utime(ckpt / "rank0" / "ckpt.pt", (t0 + 5.5, t0 + 5.5))
     assert [c["step"] for c in contract.list_checkpoints(layout, ckpt)] == [None], "unknown until noted"
-    contract.note_checkpoint_steps(layout, ckpt, run_dir)
+    contract.note_checkpoint_steps(layout, ckpt, seen)  # step 6 may have been printed before it, or after
+    assert [c["step"] for c in contract.list_checkpoints(layout, ckpt)] == [None]
+    every5 = contract.expected_saves(5, ())
+    contract.note_checkpoint_steps(layout, ckpt, seen, expected=every5)
     assert [(c["step"], c["complete"]) for c in contract.list_checkpoints(layout, ckpt)] == [(5, True)]
-    os.utime(ckpt / "ckpt.pt", (t0 + 10.5, t0 + 10.5))  # saved again in place
-    contract.note_checkpoint_steps(layout, ckpt, run_dir)
+    os.utime(ckpt / "rank0" / "ckpt.pt", (t0 + 10.5, t0 + 10.5))  # saved again in place
+    contract.note_checkpoint_steps(layout, ckpt, seen, expected=every5)
     assert contract.newest_complete(layout, ckpt)["step"] == 10  # type: ignore[index]
     assert contract.checkpoint_since(layout, ckpt, 10, since=0) is not None
     assert contract.checkpoint_since(layout, ckpt, 11, since=0) is None
+
+
+def test_the_step_at_a_save_read_in_the_same_poll_as_its_neighbours() -> None:
+    """Steps 1-7 read in one poll (0, 10] with the save at 4 inside it: only the step the
+    trainer was asked to save at fits; without that, or with two that fit, it stays unknown."""
+    seen = [(s, 0.0, 10.0) for s in range(1, 8)]
+    every4 = contract.expected_saves(4, ())
+    assert contract.step_at_save(5.0, seen, every4) == 4
+    assert contract.step_at_save(5.0, seen, contract.expected_saves(0, (4,))) == 4
+    assert contract.step_at_save(5.0, seen, None) is None
+    assert contract.step_at_save(5.0, seen, contract.expected_saves(2, ())) is None  # 2, 4 and 6 fit
+    assert contract.step_at_save(5.0, seen[:3], every4) is None  # nothing read after it yet: may still narrow
+    later = seen + [(8, 10.0, 20.0), (9, 20.0, 30.0)]
+    assert contract.step_at_save(25.0, later, every4) == 8  # printed before 20, after 20: exactly 8
 
 
 def test_a_timestamp_in_a_folder_name_is_never_read_as_a_step(tmp_path: Path) -> None:

@@ -1,0 +1,119 @@
+"""Trainers we did not write (issue 27): the public scripts in ../shared/trainers/, unmodified,
+run from that path through `campaign submit` on 2 virtual nodes of the local site, with tiny
+CPU settings on the command line and in the environment only. Every stage kind passes or is
+refused up front with its reason.
+
+nanoGPT (karpathy/nanoGPT train.py): it reads `configurator.py` from its working directory
+and turns on DDP with NCCL on `cuda:LOCAL_RANK` whenever RANK is set, so each rank runs it
+single-process (`env -u RANK`) from its own folder: two replicas, rank 0's output read
+(`progress: stdout`, `first_step: 0`), each saving one `ckpt.pt` (no step in the name) in its
+own folder, saved at `--eval_interval` (the resume test's {checkpoint_at}, else
+{checkpoint_every}; "never" for 0).
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_helpers import REPO, Workspace, ledger_view
+
+pytestmark = pytest.mark.slow
+
+TRAINERS = REPO.parent / "shared" / "trainers"
+NANOGPT = TRAINERS / "nanogpt"
+
+# sh -c SCRIPT {python} {checkpoint_every} ARGS...: $0 is the interpreter, $1 the checkpoint period.
+NANOGPT_SH = ('cd "$NANOGPT_DIR" && ev=${{CAMPAIGN_CHECKPOINT_AT:-$1}} && shift && {{ [ "$ev" != 0 ] || ev=1000000; }} '
+              '&& exec env -u RANK "$0" train.py --out_dir="$CAMPAIGN_CHECKPOINT_DIR/rank$RANK" --eval_interval=$ev "$@"')
+TINY = ["--device=cpu", "--compile=False", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=16",
+        "--block_size=16", "--batch_size=2", "--gradient_accumulation_steps=1", "--eval_iters=1",
+        "--warmup_iters=0", "--decay_lr=False", "--learning_rate=0.01"]
+
+
+def _tiny_data(root: Path) -> Path:
+    """nanoGPT's data layout (train.bin, val.bin of uint16 tokens, meta.pkl with the vocabulary):
+    --dataset is joined to 'data/', and an absolute path wins the join."""
+    import numpy as np
+
+    data = root / "data"
+    data.mkdir()
+    tokens = np.random.default_rng(0).integers(0, 32, 20_000).astype(np.uint16)
+    tokens.tofile(data / "train.bin")
+    tokens[:4000].tofile(data / "val.bin")
+    (data / "meta.pkl").write_bytes(pickle.dumps({"vocab_size": 32}))
+    return data
+
+
+def nanogpt_spec(ws: Workspace, stages: list[dict[str, Any]], name: str = "nanogpt") -> dict[str, Any]:
+    data = _tiny_data(ws.root)
+    return {
+        "name": name,
+        "site": {"kind": "local", "nodes": 2, "ranks_per_node": 1},
+        "model": {"seq_len": 16},  # with micro_batch_size: tokens per step for the scaling stage
+        "trainer": {
+            "command": ["sh", "-c", NANOGPT_SH, "{python}", "{checkpoint_every}", "--max_iters={max_steps}",
+                        f"--dataset={data}", *TINY],
+            "progress": "stdout", "first_step": 0, "micro_batch_size": 2,
+            "step_pattern": r"iter (?P<step>\d+): loss (?P<loss>\S+), time (?P<step_time_ms>[\d.]+)ms",
+            "checkpoints": {"glob": "rank0/ckpt.pt", "complete": "zip"},
+            "resume_args": ["--init_from=resume"],
+        },
+        "stages": stages,
+    }
+
+
+def _submit(ws: Workspace, spec: dict[str, Any], timeout: float = 600) -> Any:
+    r = ws.cli("submit", str(ws.write_spec(spec)), timeout=timeout, NANOGPT_DIR=str(NANOGPT))
+    return r
+
+
+def _stages(ws: Workspace, name: str) -> dict[str, dict[str, Any]]:
+    return {st["name"]: st for st in ws.status(name)["stages"]}
+
+
+def test_nanogpt_smoke_loss_check_and_scaling_from_step_times(ws: Workspace) -> None:
+    spec = nanogpt_spec(ws, [
+        {"kind": "smoke", "steps": 3, "timeout_s": 120},
+        {"kind": "loss_check", "steps": 5, "window": 2, "reference": {"record": True}, "timeout_s": 120},
+        {"kind": "scaling", "node_counts": [1, 2], "steps": 5, "warmup_steps": 1, "loss_window": 2,
+         "min_efficiency": 0.1, "timeout_s": 120},
+    ])
+    r = _submit(ws, spec)
+    assert r.code == 0, r.out[-3000:] + r.err[-3000:]
+    stages = _stages(ws, "nanogpt")
+    assert [st["state"] for st in stages.values()] == ["passed"] * 3, stages
+    assert "not checked: each rank's start-up and the all-reduce sum" in stages["smoke"]["verdict"]
+    assert "2 node counts; efficiency at 2 node(s)" in stages["scaling"]["verdict"]
+    from campaign.ledger import reads
+
+    ledger = ws.ledger()
+    with ledger.session() as s:
+        smoke = reads.get_stage_run(s, "nanogpt", "smoke")
+        steps = [(m.step) for m in reads.list_steps(s, smoke.attempts[0].id)]
+    ledger.close()
+    assert steps == [1, 2, 3], "iter 0..2 of a script counting from 0: exactly the 3 steps asked"
+
+
+def test_nanogpt_long_run_and_resume_test_from_its_own_ckpt_pt(ws: Workspace) -> None:
+    spec = nanogpt_spec(ws, [
+        {"kind": "long_run", "steps": 8, "checkpoint_every": 4, "timeout_s": 120, "backoff_s": 0},
+        {"kind": "resume_test", "checkpoint_step": 4, "interrupt_step": 6, "steps": 8, "signals": ["SIGKILL"],
+         "tolerance": 0.5, "timeout_s": 120},
+    ])
+    r = _submit(ws, spec)
+    assert r.code == 0, r.out[-3000:] + r.err[-3000:]
+    stages = _stages(ws, "nanogpt")
+    assert [st["state"] for st in stages.values()] == ["passed"] * 2, stages
+    assert "reached 8 steps" in stages["long_run"]["verdict"]
+    verdict = stages["resume_test"]["verdict"]
+    assert "SIGKILL: resumed from step 4" in verdict, verdict
+    view = ledger_view(ws, "nanogpt")
+    assert view["stage"] == "passed"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-v"]))
