@@ -114,7 +114,7 @@ def run(ctx: StageContext, stage: ResumeTestStage) -> Verdict:
                                               label=f"resume after {sig}", faults=tuple(stage.faults))
         retried = first or retried
         checks.append(compare(sig, reference.metrics, cut.as_dict(), resumed.as_dict(), stage.tolerance,
-                              checkpoint_step=stage.checkpoint_step))
+                              checkpoint_step=stage.checkpoint_step, own_checkpoint=own))
     return after_retry(judge(checks), retried)
 
 
@@ -124,9 +124,11 @@ def give_up_step(stage: ResumeTestStage) -> int:
 
 
 def compare(signal: str, reference: list[dict[str, Any]], cut: dict[str, Any], resumed: dict[str, Any],
-            tolerance: float, checkpoint_step: int | None = None) -> dict[str, Any]:
+            tolerance: float, checkpoint_step: int | None = None, own_checkpoint: bool = False) -> dict[str, Any]:
     """One interrupted-and-resumed run against the reference (plain data in, plain data out).
-    `checkpoint_step`: the resumed run must start right after it (not from scratch)."""
+    `checkpoint_step`: the resumed run must start right after it (not from scratch).
+    `own_checkpoint`: the trainer's own checkpoint (trainer.checkpoints), whose contents
+    campaign cannot see: a difference is explained as far as the losses tell (`why_differs`)."""
     out: dict[str, Any] = {"signal": signal, "cut_exit_code": cut.get("exit_code"), "cut_last_step": cut.get("last_step"),
                            "resume_exit_code": resumed.get("exit_code")}
     rows = resumed.get("metrics", [])
@@ -165,7 +167,33 @@ def compare(signal: str, reference: list[dict[str, Any]], cut: dict[str, Any], r
             out["first_differing_step"] = m["step"]
             out["problem"] = (f"loss differs first at step {m['step']}: resumed {m['loss']!r} vs reference "
                               f"{r['loss']!r} (|diff| {diff:.3g} > {tolerance:g})")
+            why = why_differs(m["step"], first, reference, rows, own_checkpoint)
+            if why:
+                out["problem"] += f"; {why}"
+                out["why"] = why
     return out
+
+
+def why_differs(step: int, first: int, reference: list[dict[str, Any]], rows: list[dict[str, Any]],
+                own_checkpoint: bool) -> str | None:
+    """What the losses tell about a resumed run that differs from the reference at `step`
+    (its first step is `first`), or None when they tell nothing."""
+    ref = {m["step"]: m["loss"] for m in reference}
+    loss = rows[0]["loss"]
+    fresh, expected = ref.get(1), ref.get(first)
+    if fresh is not None and expected is not None and math.isfinite(loss) and abs(loss - fresh) < abs(loss - expected):
+        return (f"its first loss {loss:.4g} is nearer the reference's first step ({fresh:.4g}) than step {first} "
+                f"({expected:.4g}): the model state may not have been restored (did the trainer load the checkpoint?)")
+    if step != first:
+        return (f"steps {first}-{step - 1} matched: the state was restored; a later difference points at "
+                "nondeterministic kernels or data read in another order")
+    if own_checkpoint:
+        return ("the first resumed step already differs while its loss is near the reference's: the model was "
+                "restored but not the batches; the trainer's own checkpoint holds no data position or RNG state "
+                "campaign can see (a script that reseeds its RNG at start, e.g. torch.manual_seed, draws other "
+                "batches after a resume); compare within a tolerance, or save and restore them")
+    return ("the first resumed step already differs: the data position or the RNG state was not restored as "
+            "saved (the checkpoint's meta.json data_position, rank-RRRRR.pt RNG states)")
 
 
 def judge(checks: list[dict[str, Any]]) -> Verdict:

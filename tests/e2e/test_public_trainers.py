@@ -8,7 +8,8 @@ and turns on DDP with NCCL on `cuda:LOCAL_RANK` whenever RANK is set, so each ra
 single-process (`env -u RANK`) from its own folder: two replicas, rank 0's output read
 (`progress: stdout`, `first_step: 0`), each saving one `ckpt.pt` (no step in the name) in its
 own folder, saved at `--eval_interval` (the resume test's {checkpoint_at}, else
-{checkpoint_every}; "never" for 0).
+{checkpoint_every}; "never" for 0). 16 micro-steps per step keep a step near 0.1 s, so the
+resume test's interrupt (polled every 0.25 s) lands before the next save overwrites ckpt.pt.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ NANOGPT = TRAINERS / "nanogpt"
 NANOGPT_SH = ('cd "$NANOGPT_DIR" && ev=${{CAMPAIGN_CHECKPOINT_AT:-$1}} && shift && {{ [ "$ev" != 0 ] || ev=1000000; }} '
               '&& exec env -u RANK "$0" train.py --out_dir="$CAMPAIGN_CHECKPOINT_DIR/rank$RANK" --eval_interval=$ev "$@"')
 TINY = ["--device=cpu", "--compile=False", "--dtype=float32", "--n_layer=1", "--n_head=2", "--n_embd=16",
-        "--block_size=16", "--batch_size=2", "--gradient_accumulation_steps=1", "--eval_iters=1",
+        "--block_size=16", "--batch_size=2", "--gradient_accumulation_steps=16", "--eval_iters=1",
         "--warmup_iters=0", "--decay_lr=False", "--learning_rate=0.01"]
 
 
@@ -57,7 +58,7 @@ def nanogpt_spec(ws: Workspace, stages: list[dict[str, Any]], name: str = "nanog
         "trainer": {
             "command": ["sh", "-c", NANOGPT_SH, "{python}", "{checkpoint_every}", "--max_iters={max_steps}",
                         f"--dataset={data}", *TINY],
-            "progress": "stdout", "first_step": 0, "micro_batch_size": 2,
+            "progress": "stdout", "first_step": 0, "micro_batch_size": 2, "grad_accum": 16,
             "step_pattern": r"iter (?P<step>\d+): loss (?P<loss>\S+), time (?P<step_time_ms>[\d.]+)ms",
             "checkpoints": {"glob": "rank0/ckpt.pt", "complete": "zip"},
             "resume_args": ["--init_from=resume"],
@@ -101,7 +102,7 @@ def test_nanogpt_smoke_loss_check_and_scaling_from_step_times(ws: Workspace) -> 
 def test_nanogpt_long_run_and_resume_test_from_its_own_ckpt_pt(ws: Workspace) -> None:
     spec = nanogpt_spec(ws, [
         {"kind": "long_run", "steps": 8, "checkpoint_every": 4, "timeout_s": 120, "backoff_s": 0},
-        {"kind": "resume_test", "checkpoint_step": 4, "interrupt_step": 6, "steps": 8, "signals": ["SIGKILL"],
+        {"kind": "resume_test", "checkpoint_step": 10, "interrupt_step": 11, "steps": 14, "signals": ["SIGKILL"],
          "tolerance": 0.5, "timeout_s": 120},
     ])
     r = _submit(ws, spec)
@@ -110,7 +111,7 @@ def test_nanogpt_long_run_and_resume_test_from_its_own_ckpt_pt(ws: Workspace) ->
     assert [st["state"] for st in stages.values()] == ["passed"] * 2, stages
     assert "reached 8 steps" in stages["long_run"]["verdict"]
     verdict = stages["resume_test"]["verdict"]
-    assert "SIGKILL: resumed from step 4" in verdict, verdict
+    assert "SIGKILL: resumed from step 10, equal max |diff|" in verdict, verdict
     view = ledger_view(ws, "nanogpt")
     assert view["stage"] == "passed"
 

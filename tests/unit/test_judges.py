@@ -260,6 +260,24 @@ class TestResumeTest:
         c = resume_test.compare("SIGKILL", self.ref, {"exit_code": 137}, self.resumed(first=1), 0.0, checkpoint_step=10)
         assert "started at step 1, not after the checkpoint of step 10" in resume_test.judge([c]).reason
 
+    def test_a_difference_says_why_when_the_losses_tell(self) -> None:
+        """Issue 27 item 3: nanoGPT reseeds at start: the model is restored (loss near the
+        reference's), the batches are not; a run whose first loss is a fresh start's is named too."""
+        reseeded = self.resumed()
+        reseeded["metrics"] = [{**m, "loss": m["loss"] + 0.003} for m in reseeded["metrics"]]  # type: ignore[attr-defined]
+        v = resume_test.judge([resume_test.compare("SIGKILL", self.ref, {"exit_code": 137}, reseeded, 0.0,
+                                                   checkpoint_step=10, own_checkpoint=True)])
+        assert not v.passed and "loss differs first at step 11" in v.reason
+        assert "the model was restored but not the batches" in v.reason and "reseeds its RNG" in v.reason, v.reason
+        fresh = self.resumed()
+        fresh["metrics"] = [{**m, "loss": 5.0 - (m["step"] - 10) / 100} for m in fresh["metrics"]]  # type: ignore[attr-defined]
+        v = resume_test.judge([resume_test.compare("SIGKILL", self.ref, {"exit_code": 137}, fresh, 0.0,
+                                                   checkpoint_step=10, own_checkpoint=True)])
+        assert "the model state may not have been restored" in v.reason, v.reason
+        v = resume_test.judge([resume_test.compare("SIGKILL", self.ref, {"exit_code": 137},
+                                                   self.resumed(shift=1e-7), 0.0, checkpoint_step=10)])
+        assert "steps 11-12 matched: the state was restored" in v.reason, v.reason
+
     def test_token_gap_is_caught(self) -> None:
         c = resume_test.compare("SIGKILL", self.ref, {"exit_code": 137}, self.resumed(tokens_off=10), 0.0)
         assert "tokens do not continue" in resume_test.judge([c]).reason
