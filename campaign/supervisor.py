@@ -186,9 +186,14 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
         report.remove_node_local(run_dir, node, str(request.attempt))
     # A rank that failed by itself may be evidence (the finding says); ranks the supervisor stopped are not.
     suspects = watched.suspects if watched.killed_by else [s.to_dict() for s in finding.suspects] if finding else []
+    stall = watched.stall
     if watched.killed_by == "stalled" and not suspects and len(hosts) > 1 and policy.drill_s > 0:
+        drill_log: list[dict[str, Any]] = []
         suspects = [{"node": n, "reason": "hung in a collective drill when bisecting the allocation",
-                     "evidence": {"drills": drills}} for n, drills in _bisect(request, hosts, policy)]
+                     "evidence": {"drills": drills}} for n, drills in _bisect(request, hosts, policy, drill_log)]
+        stall = f"{stall}; {drill_summary(drill_log, suspects, policy.drill_s)}"
+    if watched.killed_by in ("stalled", "timeout") and adapter is not None:
+        stall = f"{stall}; {STDOUT_EVIDENCE}"
     if watched.killed_by in ("stop", "interrupt"):
         exit_class = "cancelled"
     elif watched.killed_by == "timeout":
@@ -199,7 +204,7 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
         exit_class = exits.classify(code, suspects=bool(suspects))
     out = AttemptReport(
         exit_code=code, exit_class=exit_class, duration_s=round(time.time() - start, 3), nodes=hosts,
-        allocation=allocation, spares=spares, killed_by=watched.killed_by, stall=watched.stall,
+        allocation=allocation, spares=spares, killed_by=watched.killed_by, stall=stall,
         first_failure=None if failure is None else {"rank": failure[0], "exit_code": failure[1], "node": failure[2],
                                                       "after_s": round(failure[3] - start, 3)},
         suspects=suspects, last_step=metrics[-1]["step"] if metrics else None, launch_command=command,
@@ -343,6 +348,16 @@ class ProgressAdapter:
         report.append_metrics(self.run_dir, rows)
 
 
+def _read_rank_finished(launch: _Launch, request: AttemptRequest, watch: watchdog.Watch) -> bool:
+    """With `progress: stdout`: has the rank whose output is read (rank 0; the launcher's with
+    mpiexec/srun) exited 0 after reporting the attempt's last step?"""
+    target = int(request.env.get("CAMPAIGN_MAX_STEPS") or 0) + 1 - request.progress_first_step
+    for i, (rank, _, _) in enumerate(launch.procs):
+        if rank == 0 and i in launch.exits:
+            return launch.exits[i][0] == 0 and watch.last_step >= target
+    return False
+
+
 def _note_checkpoints(request: AttemptRequest, adapter: ProgressAdapter | None, seen: list[tuple[int, float, float]],
                       start: float) -> None:
     """The step of each of the trainer's own checkpoints whose name gives none, from the steps
@@ -384,6 +399,10 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
         if adapter is not None:
             adapter.poll(now)
         rows = _observe(run_dir, watch, offsets, now)
+        if adapter is not None and watch.final_event is None and _read_rank_finished(launch, request, watch):
+            # Rank 0 exited 0 after its last step: the training outcome is known; ranks whose
+            # output is not read get exit_s to follow, then are stopped (exit_hung), not relaunched.
+            watch.saw_events([{"event": "done", "step": watch.last_step}], now)
         if adapter is None:
             seen += [(int(r["step"]), r["time"], r["time"]) for r in rows if r.get("time") is not None]
         if request.checkpoint_layout is not None:
@@ -419,9 +438,13 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
         if decision.stalled and decision.phase == "exiting":
             # Every rank finished but the launch does not exit (e.g. srun waiting on a lost
             # socket): the training outcome is known; stop the launcher, do not call it a stall.
+            left = [r for i, (r, _, _) in enumerate(launch.procs) if i not in launch.exits and r >= 0]
             launch.stop(time.time)
-            return _WatchOutcome(killed_by="exit_hung", final_event=watch.final_event,
-                            stall=f"the launch did not exit {decision.idle_s:.0f} s after the trainer finished; stopped it")
+            what = (f"rank(s) {left} did not exit {decision.idle_s:.0f} s after rank 0 reported its last step "
+                    f"({watch.last_step}) and exited 0 (their output is not read: progress: stdout reads rank 0's); "
+                    "stopped them" if adapter is not None and left else
+                    f"the launch did not exit {decision.idle_s:.0f} s after the trainer finished; stopped it")
+            return _WatchOutcome(killed_by="exit_hung", final_event=watch.final_event, stall=what)
         if failure is None and (decision.stalled or now - start > timeout):
             reason = (decision.reason if decision.stalled else
                       f"hard timeout of {timeout:g} s (the stage's timeout_s) at step {watch.last_step or 'none'}, "
@@ -497,6 +520,20 @@ def _wait(launch: _Launch, timeout: float) -> None:
         launch.poll(time.time())
     if not launch.done:
         launch.stop(time.time)
+
+
+STDOUT_EVIDENCE = ("evidence: rank 0's output only (progress: stdout; no heartbeats, so no rank or phase is "
+                   "named): its last step line and its log")
+"""What a stall of a trainer read through its output can be judged on (docs/trainer-contract.md)."""
+
+
+def drill_summary(log: list[dict[str, Any]], suspects: list[dict[str, Any]], drill_s: float) -> str:
+    """The bisection drill's result in words: which subsets passed, and what it blamed."""
+    runs = ", ".join(f"{'+'.join(d['nodes'])} {'passed' if d['ok'] else 'hung'}" for d in log)
+    if suspects:
+        return f"collective drill ({drill_s:g} s each): {runs}; suspects: {', '.join(s['node'] for s in suspects)}"
+    return (f"collective drill ({drill_s:g} s each): {runs}; no node hangs it: the hang is the trainer's, not a "
+            "node's or the network's")
 
 
 def _bisect(request: AttemptRequest, hosts: list[str], policy: watchdog.WatchdogPolicy,

@@ -277,5 +277,6 @@ def judge(attempts: list[dict[str, Any]], *, steps: int, tokens: int | None, sto
             faults += f", excluded {', '.join(excluded)}"
         elif numbers["suspects"]:
             faults += f", suspected {', '.join(numbers['suspects'])} (none excluded)"
+    late = f"; {last['stall']}" if last.get("killed_by") == "exit_hung" and last.get("stall") else ""
     return Verdict(True, f"reached {target} (step {final['step']}, {final['tokens']:,} tokens){faults}; "
-                   f"final loss {loss:.4f}", numbers)
+                   f"final loss {loss:.4f}{late}", numbers)

@@ -93,6 +93,8 @@ def _judge_exits(result: dict[str, Any], numbers: dict[str, Any], expected_ranks
     if result.get("exit_class") in ("stalled", "timed_out"):
         return _stopped(result, numbers)
     numbers["not_checked"] = NOT_CHECKED
+    if result.get("killed_by") == "exit_hung" and result.get("stall"):  # every rank must exit in a smoke test
+        return Verdict(False, f"{result['stall']}; suspect nodes: {_names(result)}{_log(result)}", numbers)
     losses, failed = _steps_verdict(result, numbers, steps)
     if failed is not None:
         return failed

@@ -116,5 +116,59 @@ def test_nanogpt_long_run_and_resume_test_from_its_own_ckpt_pt(ws: Workspace) ->
     assert view["stage"] == "passed"
 
 
+def _drill(ws: Workspace, spec: dict[str, Any], fault: str, rank: int, after_step: int) -> tuple[Any, Any]:
+    """Submit `spec` and inject `fault` into `rank` with the documented command; both outputs."""
+    p = ws.popen("submit", str(ws.write_spec(spec)), NANOGPT_DIR=str(NANOGPT))
+    try:
+        inject = ws.cli("inject", spec["name"], fault, "--rank", str(rank), "--after-step", str(after_step),
+                        "--wait", "180", timeout=240)
+    finally:
+        out = p.communicate(timeout=400)[0]
+    return inject, out
+
+
+def test_a_kill_of_nanogpt_relaunches_from_its_own_checkpoint_and_says_so(ws: Workspace) -> None:
+    """Issue 27 items 4 and 7: `campaign inject kill`; the relaunch names the checkpoint the
+    trainer resumed from and the steps lost from it (never "step None")."""
+    spec = nanogpt_spec(ws, [{"kind": "long_run", "steps": 14, "checkpoint_every": 4, "timeout_s": 180,
+                              "backoff_s": 0, "exclude_suspects": False}], name="nanogpt-kill")
+    inject, out = _drill(ws, spec, "kill", 0, after_step=6)
+    assert inject.code == 0 and "kill: sent SIGKILL to rank 0" in inject.out, inject.out + inject.err
+    view = ledger_view(ws, "nanogpt-kill")
+    assert view["stage"] == "passed", out[-3000:]
+    first, second = view["attempts"][0], view["attempts"][1]
+    resumed = second["first_step"] - 1
+    assert resumed in (4, 8) and resumed <= first["last_step"], view["attempts"]
+    relaunch = [m for k, m in view["events"] if k == "relaunch"]
+    assert relaunch and f"from the checkpoint of step {resumed}; {first['last_step'] - resumed} step(s) lost" \
+        in relaunch[0], (relaunch, view["attempts"])
+    assert not any("None" in m for _, m in view["events"]), view["events"]
+
+
+def test_a_hang_on_a_rank_whose_output_is_not_read_does_not_relaunch_a_finished_run(ws: Workspace) -> None:
+    """Issue 27 item 6: rank 1 hangs (SIGSTOP), rank 0 (read) reports every step and exits 0."""
+    spec = nanogpt_spec(ws, [{"kind": "long_run", "steps": 10, "checkpoint_every": 5, "timeout_s": 180,
+                              "backoff_s": 0, "watchdog": {"exit_s": 3, "drill_s": 0}}], name="nanogpt-hang")
+    inject, out = _drill(ws, spec, "hang", 1, after_step=2)
+    assert inject.code == 0, inject.out + inject.err
+    view = ledger_view(ws, "nanogpt-hang")
+    assert view["stage"] == "passed" and len(view["attempts"]) == 1, (out[-3000:], view["attempts"])
+    assert "rank(s) [1] did not exit" in view["verdict"] and "progress: stdout reads rank 0's" in view["verdict"]
+
+
+def test_a_hang_of_the_read_rank_is_a_stall_whose_verdict_says_what_evidence_exists(ws: Workspace) -> None:
+    """Issue 27 items 4 and 6: no heartbeats, rank 0 stopped: the verdict names the evidence
+    (rank 0's output only) and the collective drill's result."""
+    spec = nanogpt_spec(ws, [{"kind": "long_run", "steps": 400, "checkpoint_every": 100, "timeout_s": 180,
+                              "max_attempts": 1, "watchdog": {"floor_s": 3, "drill_s": 20}}], name="nanogpt-stall")
+    inject, out = _drill(ws, spec, "hang", 0, after_step=4)
+    assert inject.code == 0, inject.out + inject.err
+    view = ledger_view(ws, "nanogpt-stall")
+    verdict = view["verdict"]
+    assert view["stage"] == "failed" and "ended stalled (exit 124)" in verdict, (out[-3000:], verdict)
+    assert "evidence: rank 0's output only (progress: stdout; no heartbeats" in verdict, verdict
+    assert "collective drill (20 s each): local-n0 passed, local-n1 passed; no node hangs it" in verdict, verdict
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-v"]))
