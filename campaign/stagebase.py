@@ -90,6 +90,23 @@ def where(result: dict[str, Any], file: str) -> str:
     return f" ({run_dir}/{file} {state}; rank 0's log: {result.get('log')})"
 
 
+def last_output_line(result: dict[str, Any]) -> str:
+    """`; its last line: '...'` from rank 0's log of an attempt's result (warnings skipped),
+    or empty: what a trainer said when it reported no step (e.g. "Unable to locate sufficient
+    2 gpus to run this example. Exiting.")."""
+    from campaign.evidence import without_warnings
+
+    try:
+        with open(str(result.get("log")), "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(f.tell() - 8192, 0))
+            lines = f.read().decode("utf-8", errors="replace").splitlines()
+    except (OSError, TypeError):
+        return ""
+    kept = [ln.strip() for ln in without_warnings(lines) if ln.strip()]
+    return f"; its last line: {kept[-1]!r}" if kept else ""
+
+
 def after_retry(verdict: Verdict, first: Any) -> Verdict:
     """`verdict`, saying that it was reached on the confirming retry after `first` (an
     `AttemptOutcome` that ended in a class the evidence could not pin on a node), with that

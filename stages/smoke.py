@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from campaign.stagebase import StageSpec, Targets, Verdict, after_retry, at_step, where
+from campaign.stagebase import StageSpec, Targets, Verdict, after_retry, at_step, last_output_line, where
 
 if TYPE_CHECKING:
     from campaign.attempt import StageContext
@@ -39,7 +39,8 @@ def run(ctx: StageContext, stage: SmokeStage) -> Verdict:
     gets, `StageContext.launch_confirmed`), then the verdict."""
     outcome, first = ctx.launch_confirmed(first_targets(stage, ctx.spec, stage.nodes or ctx.spec.site.nodes),
                                           nodes=stage.nodes, timeout_s=stage.timeout_s)
-    return after_retry(judge(outcome.as_dict(), expected_ranks=outcome.world_size, steps=stage.steps,
+    return after_retry(judge({**outcome.as_dict(), "progress": ctx.spec.trainer.progress},
+                             expected_ranks=outcome.world_size, steps=stage.steps,
                              startup_expected=ctx.spec.trainer.progress == "metrics"), first)
 
 
@@ -82,6 +83,9 @@ def _steps_verdict(result: dict[str, Any], numbers: dict[str, Any], steps: int) 
     if result.get("exit_code") != 0:
         return losses, Verdict(False, f"trainer exited {result.get('exit_code')} ({result.get('exit_class')}) "
                                f"{at_step(result.get('last_step'))}{_log(result)}", numbers)
+    if not losses and result.get("progress") == "stdout":
+        return losses, Verdict(False, f"the trainer exited 0 without a line that trainer.step_pattern matches in "
+                               f"rank 0's output ({result.get('log')}){last_output_line(result)}", numbers)
     if len(losses) < steps:
         return losses, Verdict(False, f"only {len(losses)} of {steps} steps reported a loss"
                                f"{where(result, 'metrics.jsonl')}", numbers)

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.slow
 
 TRAINERS = REPO.parent / "shared" / "trainers"
 NANOGPT = TRAINERS / "nanogpt"
+FSDP2 = TRAINERS / "fsdp2-example"
 
 # sh -c SCRIPT {python} {checkpoint_every} ARGS...: $0 is the interpreter, $1 the checkpoint period.
 NANOGPT_SH = ('cd "$NANOGPT_DIR" && ev=${{CAMPAIGN_CHECKPOINT_AT:-$1}} && shift && {{ [ "$ev" != 0 ] || ev=1000000; }} '
@@ -168,6 +169,44 @@ def test_a_hang_of_the_read_rank_is_a_stall_whose_verdict_says_what_evidence_exi
     assert view["stage"] == "failed" and "ended stalled (exit 124)" in verdict, (out[-3000:], verdict)
     assert "evidence: rank 0's output only (progress: stdout; no heartbeats" in verdict, verdict
     assert "collective drill (20 s each): local-n0 passed, local-n1 passed; no node hangs it" in verdict, verdict
+
+
+def fsdp2_spec(ws: Workspace, stages: list[dict[str, Any]]) -> dict[str, Any]:
+    """pytorch/examples FSDP2 example.py as published: torchrun-style environment (the local
+    launcher gives RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT), DCP-style checkpoints in
+    `checkpoints/dtensor_api/<unix ms>/` under its working directory (here the checkpoint
+    directory), a fixed 10 steps, no line per step."""
+    return {
+        "name": "fsdp2",
+        "site": {"kind": "local", "nodes": 2, "ranks_per_node": 1},
+        "trainer": {
+            "command": ["sh", "-c", 'mkdir -p "$CAMPAIGN_CHECKPOINT_DIR" && cd "$CAMPAIGN_CHECKPOINT_DIR" && '
+                        'exec "$0" "$1"', "{python}", str(FSDP2 / "example.py")],
+            "progress": "stdout", "step_pattern": r"step (?P<step>\d+) loss (?P<loss>\S+)",
+            "checkpoints": {"glob": "checkpoints/dtensor_api/*", "complete": "marker",
+                            "marker": "optim_state_dict.pt"},
+        },
+        "stages": stages,
+    }
+
+
+def test_the_fsdp2_example_on_cpu_fails_its_smoke_test_quoting_why(ws: Workspace) -> None:
+    """The FSDP2 example needs 2 accelerators: on CPU it prints why and exits 0 before any
+    step. The smoke test fails at once with that line, and the later stages never spend a
+    node; a scaling stage without tokens per step is refused before anything runs."""
+    refused = ws.write_spec(fsdp2_spec(ws, [{"kind": "scaling", "node_counts": [1, 2]}]), "scaling.yaml")
+    r = ws.cli("validate", str(refused))
+    assert r.code == 2 and "stages[0]: a scaling stage cannot measure tokens/s" in r.err, r.err
+    spec = fsdp2_spec(ws, [{"kind": "smoke", "steps": 3, "timeout_s": 120},
+                           {"kind": "resume_test", "checkpoint_step": 4, "interrupt_step": 6, "steps": 8,
+                            "timeout_s": 120}])
+    r = ws.cli("submit", str(ws.write_spec(spec)), timeout=300)
+    assert r.code == 1, r.out[-3000:] + r.err[-3000:]
+    stages = _stages(ws, "fsdp2")
+    assert [st["state"] for st in stages.values()] == ["failed", "skipped"], stages
+    verdict = stages["smoke"]["verdict"]
+    assert "the trainer exited 0 without a line that trainer.step_pattern matches" in verdict, verdict
+    assert "its last line: 'Unable to locate sufficient 2 gpus to run this example. Exiting.'" in verdict, verdict
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -90,6 +91,16 @@ class TestSmoke:
                         suspects=[{"node": "x1", "reason": "no heartbeat"}])
         v = smoke.judge(r, expected_ranks=2, steps=3)
         assert not v.passed and "stalled after 300 s at step 3" in v.reason and "x1" in v.reason
+
+    def test_a_trainer_that_reported_no_step_is_quoted(self, tmp_path: Path) -> None:
+        """Issue 27: an unmodified script that exits 0 before any step says why in its output."""
+        log = tmp_path / "rank-0.log"
+        log.write_text("x.py:3: UserWarning: something\n  warn()\nUnable to locate sufficient 2 gpus. Exiting.\n"
+                       "/t.py:9: FutureWarning: deprecated\n  scaler = 1\n")
+        r = self.result(metrics=[], startup=None, last_step=None, progress="stdout", log=str(log))
+        v = smoke.judge(r, expected_ranks=2, steps=3, startup_expected=False)
+        assert not v.passed and "exited 0 without a line that trainer.step_pattern matches" in v.reason
+        assert v.reason.endswith("its last line: 'Unable to locate sufficient 2 gpus. Exiting.'"), v.reason
 
     def test_the_hard_timeout_is_its_own_class_and_says_so(self) -> None:
         """Issue 27 item 4: exit 124 from the hard timeout is not a stall; never "step None"."""
