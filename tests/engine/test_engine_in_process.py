@@ -223,6 +223,26 @@ def test_a_stage_that_crashes_in_the_driver_says_where_its_traceback_is(tmp_path
     assert "Traceback (most recent call last)" in path.read_text() and numbers["traceback_file"] == str(path)
 
 
+def test_a_resume_test_whose_trainer_never_saves_where_asked_stops_and_says_so(tmp_path: Path) -> None:
+    """Issue 27 item 2: the interrupted run used to train until its timeout and fail "stalled";
+    it is stopped once far past the interrupt step, and the verdict says which checkpoint never came."""
+    (tmp_path / "plain.py").write_text(PLAIN_TRAINER)
+    spec = _spec([{"kind": "resume_test", "checkpoint_step": 2, "interrupt_step": 3, "steps": 5,
+                   "signals": ["SIGKILL"], "timeout_s": 60}],
+                 command=["{python}", str(tmp_path / "plain.py"), "--steps", "{max_steps}"], progress="stdout",
+                 step_pattern=r"iter (?P<step>\d+): loss (?P<loss>[\d.]+)", checkpoints={"glob": "ckpt.pt"})
+    engine = _engine(spec, tmp_path)
+    t0 = time.monotonic()
+    assert engine.submit() == 1
+    with engine.ledger.session() as s:
+        [run] = reads.current_stage_runs(s, reads.get_campaign(s, "inproc"))
+        verdict = run.verdict
+    assert "the interrupted run (SIGKILL) reached step" in verdict and "without a complete checkpoint of step 2" \
+        in verdict and "(trainer.checkpoints.glob 'ckpt.pt'): the trainer must save at {checkpoint_at}" in verdict, \
+        verdict
+    assert time.monotonic() - t0 < 40, "stopped long before the 60 s timeout"
+
+
 FAKE_TRAINER = textwrap.dedent('''
     """A stdlib trainer honouring the contract; its behaviour is chosen per rank by env."""
     import os, signal, sys, time
