@@ -335,6 +335,7 @@ class ProgressAdapter:
         for row in rows:
             row["step"] += self.shift
             self.seen.append((row["step"], earliest, now))
+        del self.seen[:-SEEN_KEPT]
         # Lines read in one poll share its time: spread the time since the last poll over their steps.
         per_step = None
         if self.last is not None and rows[-1]["step"] > self.last[0]:
@@ -405,6 +406,7 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
             watch.saw_events([{"event": "done", "step": watch.last_step}], now)
         if adapter is None:
             seen += [(int(r["step"]), r["time"], r["time"]) for r in rows if r.get("time") is not None]
+            del seen[:-SEEN_KEPT]
         if request.checkpoint_layout is not None:
             _note_checkpoints(request, adapter, seen, start)
         if (run_dir / STOP_FILE).exists():
@@ -521,6 +523,10 @@ def _wait(launch: _Launch, timeout: float) -> None:
     if not launch.done:
         launch.stop(time.time)
 
+
+SEEN_KEPT = 10_000
+"""Reported steps kept to date a checkpoint's save (`contract.step_at_save`): far more than a
+checkpoint interval's worth at any poll rate, and a bounded list in a run of a million steps."""
 
 STDOUT_EVIDENCE = ("evidence: rank 0's output only (progress: stdout; no heartbeats, so no rank or phase is "
                    "named): its last step line and its log")
