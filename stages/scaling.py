@@ -89,7 +89,10 @@ def tokens_source(trainer: Any) -> str | None:
         return "metrics"
     import re
 
-    if "tokens" in re.compile(trainer.step_pattern or "").groupindex:
+    groups = re.compile(trainer.step_pattern or "").groupindex
+    if "tokens_per_s" in groups:
+        return "metrics"
+    if "tokens" in groups:
         return "tokens"
     return "spec" if "micro_batch_size" in trainer.model_fields_set else None
 

@@ -125,8 +125,8 @@ class TrainConfig(_Strict):
     reads rank 0's output with `step_pattern` and writes the rows for it (an unmodified script)."""
     step_pattern: str | None = None
     """With `progress: stdout`: a regex with named groups `step` and `loss` (optional `tokens`,
-    cumulative, and `step_time` in seconds or `step_time_ms`), matched against each line of
-    rank 0's output."""
+    cumulative, `tokens_per_s`, and `step_time` in seconds or `step_time_ms`), matched
+    against each line of rank 0's output."""
     first_step: Literal[0, 1] = 1
     """The number your trainer prints for its first step: 1, or 0 for scripts that count from
     0 (nanoGPT, build-nanogpt print `iter 0` first). With 0, `{max_steps}` and

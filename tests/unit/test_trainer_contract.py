@@ -115,6 +115,9 @@ def test_scaling_with_stdout_progress_needs_tokens_per_step_or_is_refused(run_cl
     tokens = head.replace("(?P<loss>\\S+)", "(?P<loss>\\S+) tokens (?P<tokens>\\d+)")
     code, _, err = _validate(run_cli, tmp_path, tokens + "stages: [{kind: scaling, node_counts: [1, 2]}]\n")
     assert code == 0, err
+    rate = head.replace("(?P<loss>\\S+)", "(?P<loss>\\S+) tok/s (?P<tokens_per_s>\\S+)")
+    code, _, err = _validate(run_cli, tmp_path, rate + "stages: [{kind: scaling, node_counts: [1, 2]}]\n")
+    assert code == 0, err
 
 
 def test_validate_warns_about_fields_a_custom_command_ignores(run_cli: Any, tmp_path: Path) -> None:
@@ -159,6 +162,9 @@ def test_progress_lines_are_read_from_an_offset_leaving_a_partial_line(tmp_path:
     ms = re.compile(r"iter (?P<step>\d+): loss (?P<loss>\S+), time (?P<step_time_ms>[\d.]+)ms")  # nanoGPT's line
     log.write_text("iter 0: loss 3.4675, time 441.38ms, mfu -100.00%\n")
     assert report.read_progress_lines(log, ms)[0] == [{"step": 0, "loss": 3.4675, "step_time_s": 0.44138}]
+    bng = re.compile(r"step +(?P<step>\d+) \| loss: (?P<loss>\S+) \|.*tok/sec: (?P<tokens_per_s>[\d.]+)")  # build-nanogpt
+    log.write_text("step     0 | loss: 10.955 | lr 6.0000e-06 | norm: 15.4 | dt: 120.50ms | tok/sec: 4350.86\n")
+    assert report.read_progress_lines(log, bng)[0] == [{"step": 0, "loss": 10.955, "tokens_per_s": 4350.86}]
 
 
 def test_a_trainer_counting_from_0_trains_exactly_the_steps_asked(tmp_path: Path) -> None:
