@@ -102,6 +102,11 @@ def _judge_exits(result: dict[str, Any], numbers: dict[str, Any], expected_ranks
     losses, failed = _steps_verdict(result, numbers, steps)
     if failed is not None:
         return failed
+    rows = result.get("metrics") or []
+    if rows and rows[0]["step"] == 0:  # detection: it counts from 0, and trained one step more than asked
+        return Verdict(False, f"the trainer's first step line says step 0 and it reported {len(rows)} steps for "
+                       f"{steps} asked: it counts from 0; set trainer.first_step: 0 (then it gets {{max_steps}} = "
+                       f"steps - 1 and its step N is recorded as N + 1){_log(result)}", numbers)
     return Verdict(True, f"{expected_ranks}/{expected_ranks} ranks exited 0; {steps} steps, loss {losses[-1]:.4f} "
                    f"finite; not checked: {NOT_CHECKED}", numbers)
 

@@ -102,6 +102,12 @@ class TestSmoke:
         assert not v.passed and "exited 0 without a line that trainer.step_pattern matches" in v.reason
         assert v.reason.endswith("its last line: 'Unable to locate sufficient 2 gpus. Exiting.'"), v.reason
 
+    def test_a_trainer_counting_from_0_is_detected(self) -> None:
+        """Issue 27 item 5: without trainer.first_step: 0, nanoGPT reports steps 0..3 for 3 asked."""
+        r = self.result(metrics=[{"step": s, "loss": 5.0} for s in (0, 1, 2, 3)], startup=None, last_step=3)
+        v = smoke.judge(r, expected_ranks=2, steps=3, startup_expected=False)
+        assert not v.passed and "reported 4 steps for 3 asked: it counts from 0; set trainer.first_step: 0" in v.reason
+
     def test_the_hard_timeout_is_its_own_class_and_says_so(self) -> None:
         """Issue 27 item 4: exit 124 from the hard timeout is not a stall; never "step None"."""
         r = self.result(exit_code=124, exit_class="timed_out", duration_s=120.0, last_step=None, metrics=[],
