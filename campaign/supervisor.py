@@ -334,7 +334,7 @@ class ProgressAdapter:
             return
         for row in rows:
             row["step"] += self.shift
-            self.seen.append((row["step"], earliest, now))
+        self.seen += printed_between(rows, earliest, now)
         del self.seen[:-SEEN_KEPT]
         # Lines read in one poll share its time: spread the time since the last poll over their steps.
         per_step = None
@@ -369,6 +369,19 @@ def _note_checkpoints(request: AttemptRequest, adapter: ProgressAdapter | None, 
     contract.note_checkpoint_steps(request.checkpoint_layout, env["CAMPAIGN_CHECKPOINT_DIR"],
                                    adapter.seen if adapter is not None else seen, since=start,
                                    expected=contract.expected_saves(every, at))
+
+
+def printed_between(rows: list[dict[str, Any]], earliest: float, latest: float) -> list[tuple[int, float, float]]:
+    """(step, earliest, latest) print times of the rows one poll read, all printed between the
+    previous poll (`earliest`) and this one (`latest`); where the trainer gave its step time,
+    consecutive lines are at least that far apart, which narrows both ends."""
+    given = [r.get("step_time_s") or 0.0 for r in rows]
+    lo, hi = [earliest] * len(rows), [latest] * len(rows)
+    for i in range(1, len(rows)):
+        lo[i] = min(lo[i - 1] + given[i], latest)
+    for i in range(len(rows) - 2, -1, -1):
+        hi[i] = max(hi[i + 1] - given[i + 1], earliest)
+    return [(int(r["step"]), min(a, b), b) for r, a, b in zip(rows, lo, hi)]
 
 
 def _checkpoint_ready(interrupt: Interrupt, request: AttemptRequest, start: float) -> bool:

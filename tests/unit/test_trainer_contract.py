@@ -257,3 +257,20 @@ def test_a_resume_test_no_checkpoint_can_satisfy_is_refused_at_validate(run_cli:
     assert "stages[0]: the resume test cannot run with this trainer" in err and "trainer.checkpoints" in err, err
     code, _, err = _validate(run_cli, tmp_path, text.replace("stages:", "  checkpoints: {glob: ckpt.pt}\nstages:"))
     assert code == 0, err
+
+
+def test_step_times_narrow_when_lines_read_in_one_poll_were_printed() -> None:
+    """Lines 1-11 read in one poll (0, 6.5] with nanoGPT's step times (a save of step 8 took 1 s
+    inside step 9's): the bounds put 8 before the save, so step 8 is the only save step left."""
+    from campaign.supervisor import printed_between
+
+    times = {s: 0.3 for s in range(1, 12)}
+    times[9] = 1.3  # eval + save + the step: nanoGPT's dt runs from one step's end to the next's
+    rows = [{"step": s, "loss": 3.0, "step_time_s": times[s]} for s in range(1, 12)]
+    seen = printed_between(rows, 0.0, 6.5)
+    assert seen[-1] == (11, pytest.approx(4.0), 6.5) and seen[7] == (8, pytest.approx(2.1), pytest.approx(4.6))
+    assert all(a <= b for _, a, b in seen)
+    # true times: line s at 2.0 + 0.3 s (s <= 8), the save ending at 5.3, lines 9-11 at 5.6, 5.9,
+    # 6.2: without step times any of 1-11 could have been printed after the save (4 or 8?)
+    assert contract.step_at_save(5.3, [(s, 0.0, 6.5) for s in range(1, 12)], contract.expected_saves(4, ())) is None
+    assert contract.step_at_save(5.3, seen, contract.expected_saves(4, ())) == 8
