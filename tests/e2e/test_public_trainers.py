@@ -142,7 +142,7 @@ def test_a_kill_of_nanogpt_relaunches_from_its_own_checkpoint_and_says_so(ws: Wo
     assert view["stage"] == "passed", out[-3000:]
     first, second = view["attempts"][0], view["attempts"][1]
     resumed = second["first_step"] - 1
-    assert resumed in (4, 8) and resumed <= first["last_step"], view["attempts"]
+    assert resumed in (4, 8, 12) and resumed <= first["last_step"], view["attempts"]  # the kill may land late
     lost = first["last_step"] - resumed
     said = [m for k, m in view["events"] if k in ("relaunch", "resumed")]
     # the relaunch names the step when the save could be dated; else the trainer's first step corrects it
