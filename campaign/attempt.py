@@ -22,6 +22,7 @@ from pydantic import Field
 
 from campaign import contract, rundir
 from campaign.stagebase import StrictModel
+from campaign.train.config import CheckpointLayout
 from campaign.watchdog import WatchdogPolicy
 
 if TYPE_CHECKING:
@@ -44,6 +45,13 @@ class Interrupt(StrictModel):
     after_checkpoint: str | None = None
     """Also wait until this checkpoint directory is complete (an async save may still be
     writing it when `after_step` is reported)."""
+    checkpoint_step: int | None = None
+    """With a trainer's own layout (`AttemptRequest.checkpoint_layout`): wait instead for a
+    complete checkpoint of this step or later (one whose name gives no step: saved during
+    this attempt)."""
+    give_up_step: int | None = None
+    """Stop the run once this step is reported without that checkpoint (the trainer does not
+    save where it was asked): the stage says so instead of waiting for the timeout."""
 
 
 class AttemptRequest(StrictModel):
@@ -71,6 +79,11 @@ class AttemptRequest(StrictModel):
     progress_pattern: str | None = None
     """`trainer.step_pattern` of a trainer whose progress is read from rank 0's output
     (`progress: stdout`): the supervisor writes metrics.jsonl for it. None: the trainer writes it."""
+    checkpoint_layout: CheckpointLayout | None = None
+    """`trainer.checkpoints`: the trainer's own checkpoints (the supervisor notes the step of
+    those whose name gives none, `contract.note_checkpoint_steps`)."""
+    progress_first_step: int = 1
+    """`trainer.first_step`: the printed step N is recorded as N + 1 - first_step."""
     env: dict[str, str]
     """Environment for every rank, on top of the launching process's own."""
     cpu_bind: str | None = None
@@ -150,6 +163,7 @@ def build_request(site: Site, config: TrainerConfig, *, run_dir: Path, nodes: in
         master_port=master_port, timeout_s=timeout_s, block_walltime_s=site.block_walltime_s(),
         deadline_from=site.deadline_from, interrupt=interrupt, watchdog=watchdog or WatchdogPolicy(),
         progress_pattern=config.train.step_pattern if config.train.progress == "stdout" else None,
+        progress_first_step=config.train.first_step, checkpoint_layout=config.train.checkpoints,
     )
 
 

@@ -241,6 +241,41 @@ def cancel(name: str, db_url: str | None, workdir: Path, wait_s: float, endpoint
 
 
 @main.command()
+@click.argument("name")
+@click.argument("fault", type=click.Choice(["kill", "hang"]))
+@click.option("--rank", type=int, default=0, show_default=True, help="The rank whose process group gets the fault.")
+@click.option("--after-step", type=int, default=0, show_default=True,
+              help="Wait until the running attempt has reported this step (0: at once).")
+@click.option("--wait", "wait_s", type=float, default=600.0, show_default=True,
+              help="Seconds to wait for a running attempt and that step.")
+@_db_options
+@_errors
+def inject(name: str, fault: str, rank: int, after_step: int, wait_s: float, db_url: str | None, workdir: Path) -> None:
+    """A drill on any trainer, yours or one you did not write: `kill` sends SIGKILL, `hang`
+    SIGSTOP (it neither prints nor exits) to one rank of the running attempt of campaign NAME
+    (local launcher, this host), once it has reported --after-step. The watchdog and the
+    stage then do what they would after a real fault; docs/trainer-contract.md, "Drills"."""
+    import time
+
+    from campaign import commands
+
+    end = time.monotonic() + wait_s
+    while True:  # the campaign may have just been submitted: its ledger comes with its first stage
+        try:
+            ledger = _open(db_url, workdir, create=False)
+            break
+        except CampaignError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.5)
+    try:
+        commands.inject_fault(ledger, name, fault, rank, after_step=after_step, wait_s=max(end - time.monotonic(), 1),
+                              notify=click.echo)
+    finally:
+        ledger.close()
+
+
+@main.command()
 @click.argument("name", required=False)
 @_db_options
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (a fixed shape scripts can rely on).")

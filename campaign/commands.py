@@ -453,3 +453,64 @@ def include_node(ledger: Ledger, node: str, site: str) -> int:
     if n == 0:
         raise CampaignError(f"{node} is not excluded on {site}")
     return n
+
+
+INJECTED = {"kill": signal.SIGKILL, "hang": signal.SIGSTOP}
+"""`campaign inject`: what each fault does to the rank's process group (a hang is a stopped
+process: it neither prints nor exits, as a rank stuck in a collective or a dead NFS mount)."""
+
+
+def inject_fault(ledger: Ledger, name: str, fault: str, rank: int, *, after_step: int = 0, wait_s: float = 600.0,
+                 notify: Callable[[str], None] = lambda line: None, poll_s: float = 0.2) -> dict[str, Any]:
+    """A drill on any trainer, yours or not: once the running attempt of campaign `name` has
+    reported `after_step`, send rank `rank`'s process group SIGKILL (`kill`) or SIGSTOP
+    (`hang`). The attempt is the one the ledger marks running, on this host, started by the
+    local launcher (one process per rank). Returns what was done; raises CampaignError when
+    nothing runs, the rank is not there, or the step is not reached within `wait_s`."""
+    from campaign import report
+    from campaign.ledger import reads
+    from campaign.supervisor import PIDS_FILE
+
+    end = time.monotonic() + wait_s
+    while True:
+        with ledger.session() as s:
+            c = reads.get_campaign(s, name)
+            open_ = reads.list_open_attempts(s, c) if c is not None else []
+            run_dir = Path(open_[-1].run_dir) if open_ and open_[-1].run_dir else None
+        pids = _read_json(run_dir / PIDS_FILE) if run_dir else None
+        rows, _ = report.read_metrics(run_dir) if run_dir else ([], 0)
+        if pids and (rows and rows[-1]["step"] >= after_step or not after_step):
+            break
+        if time.monotonic() > end:
+            if c is None:
+                with ledger.session() as s:
+                    reads.require_campaign(s, name, ledger.display_url)  # names the campaigns there are
+            raise CampaignError(f"campaign {name!r}: no running attempt reported step {after_step} within {wait_s:g} s"
+                                + (f" (last: {run_dir})" if run_dir else ""))
+        time.sleep(poll_s)
+    assert run_dir is not None and pids is not None
+    if pids.get("host") != socket.gethostname():
+        raise CampaignError(f"the attempt in {run_dir} runs on {pids.get('host')}; run `campaign inject` there")
+    if pids.get("launcher") != "local":
+        raise CampaignError(f"the attempt in {run_dir} was started by {pids.get('launcher')}, one process for every "
+                            "rank: `campaign inject` targets a rank of the local launcher only")
+    pgids = pids.get("pgids") or []
+    if not 0 <= rank < len(pgids):
+        raise CampaignError(f"rank {rank} is not in the attempt in {run_dir} (ranks 0-{len(pgids) - 1})")
+    try:
+        os.killpg(pgids[rank], INJECTED[fault])
+    except ProcessLookupError:
+        raise CampaignError(f"rank {rank} of the attempt in {run_dir} has already exited") from None
+    done = {"fault": fault, "rank": rank, "run_dir": str(run_dir), "step": rows[-1]["step"] if rows else None,
+            "signal": INJECTED[fault].name}
+    notify(f"{fault}: sent {done['signal']} to rank {rank} (process group {pgids[rank]}) of {run_dir} at step "
+           f"{done['step'] if done['step'] is not None else 'none yet'}")
+    return done
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -11,8 +11,10 @@ bisection drill and `--dry-run` see the same command line. Stdlib and pydantic m
 
 from __future__ import annotations
 
+import json
 import re
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,11 +34,17 @@ def placeholder_values(cfg: TrainerConfig, *, run_dir: Path, config: Path, hostf
     run = cfg.run
     return {
         "config": str(config), "run_dir": str(run_dir), "checkpoint_dir": run.checkpoint_dir,
-        "max_steps": str(run.max_steps), "max_tokens": str(run.max_tokens or 0), "resume": str(int(run.resume)),
+        "max_steps": str(trainers_max_steps(cfg)), "max_tokens": str(run.max_tokens or 0), "resume": str(int(run.resume)),
         "checkpoint_every": str(cfg.train.checkpoint_every), "checkpoint_at": ",".join(map(str, run.checkpoint_at)),
         "attempt": str(run.attempt), "hostfile": str(hostfile), "spec_dir": str(spec_dir),
         "python": "{python}",  # stays: the supervisor's interpreter, filled in by the launch plan
     }
+
+
+def trainers_max_steps(cfg: TrainerConfig) -> int:
+    """The last step to train in the trainer's own numbering (`trainer.first_step`): a trainer
+    that counts from 0 and trains through its `max_iters` gets steps - 1."""
+    return cfg.run.max_steps - (1 - cfg.train.first_step)
 
 
 def command_line(trainer: TrainConfig, values: dict[str, str], spec_dir: Path,
@@ -85,7 +93,7 @@ def target_environment(cfg: TrainerConfig, spec_dir: Path, resume_from: dict[str
     """The attempt's targets as environment variables (CAMPAIGN_MAX_STEPS, ...)."""
     run = cfg.run
     env = {
-        "CAMPAIGN_MAX_STEPS": str(run.max_steps), "CAMPAIGN_CHECKPOINT_DIR": run.checkpoint_dir,
+        "CAMPAIGN_MAX_STEPS": str(trainers_max_steps(cfg)), "CAMPAIGN_CHECKPOINT_DIR": run.checkpoint_dir,
         "CAMPAIGN_CHECKPOINT_EVERY": str(cfg.train.checkpoint_every), "CAMPAIGN_RESUME": str(int(run.resume)),
         "CAMPAIGN_SPEC_DIR": str(spec_dir),
     }
@@ -98,21 +106,112 @@ def target_environment(cfg: TrainerConfig, spec_dir: Path, resume_from: dict[str
     return env
 
 
+TIMESTAMP_MIN = 10**9
+"""A number of 10 or more digits in a checkpoint's name is a unix time (s or ms), not a step."""
+STEPS_FILE = ".campaign-checkpoint-steps.json"
+"""In the checkpoint directory: the step of each checkpoint whose name gives none, as the
+trainer reported it when the checkpoint was saved ({name: {"mtime_ns", "step"}})."""
+
+
 def list_checkpoints(layout: CheckpointLayout | None, checkpoint_dir: str | Path) -> list[dict[str, Any]]:
     """Checkpoints in `checkpoint_dir`, oldest first, as `report.list_checkpoints` gives them:
-    {step, tokens, path, complete, time}; with `layout`, the trainer's own files or folders."""
+    {step, tokens, path, complete, time}; with `layout`, the trainer's own files or folders.
+    The step comes from the name (`layout.step_pattern`) unless the name holds none or a unix
+    time (`checkpoints/1733380000123/`): then from STEPS_FILE (what the trainer had reported
+    when it saved, `note_checkpoint_steps`), else None, and such checkpoints sort by mtime."""
     if layout is None:
         return report.list_checkpoints(checkpoint_dir)
     root = Path(checkpoint_dir)
     pattern = re.compile(layout.step_pattern)
+    noted = _noted_steps(root)
     out = []
     for path in root.glob(layout.glob) if root.is_dir() else []:
-        m = pattern.search(path.name)
-        if m is None:
+        st = path.stat()
+        step = _step_in_name(pattern, path.name)
+        if step is None:
+            entry = noted.get(str(path.relative_to(root)))
+            step = entry["step"] if entry and entry.get("mtime_ns") == st.st_mtime_ns else None
+        out.append({"step": step, "tokens": None, "path": str(path), "complete": _complete(layout, path),
+                    "time": st.st_mtime})
+    if any(c["step"] is None for c in out):  # mtime order
+        return sorted(out, key=lambda c: c["time"])
+    return sorted(out, key=lambda c: (c["step"], c["time"]))
+
+
+def _step_in_name(pattern: re.Pattern[str], name: str) -> int | None:
+    m = pattern.search(name)
+    if m is None or int(m["step"]) >= TIMESTAMP_MIN:
+        return None
+    return int(m["step"])
+
+
+def _noted_steps(root: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((root / STEPS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def note_checkpoint_steps(layout: CheckpointLayout | None, checkpoint_dir: str | Path,
+                          seen: list[tuple[int, float, float]], *, since: float = 0.0,
+                          expected: Callable[[int], bool] | None = None) -> None:
+    """Record in STEPS_FILE the step of every checkpoint of `layout` whose name gives none and
+    which was written (mtime) since `since`, once `step_at_save` can tell it from the steps
+    the attempt reported (`seen`: (step, earliest, latest) times it was printed). Called by
+    the supervisor while it watches, so a single `ckpt.pt` rewritten in place keeps the step
+    of its last save."""
+    root = Path(checkpoint_dir)
+    if layout is None or not root.is_dir():
+        return
+    pattern = re.compile(layout.step_pattern)
+    noted = _noted_steps(root)
+    changed = False
+    for path in root.glob(layout.glob):
+        name, mtime_ns = str(path.relative_to(root)), path.stat().st_mtime_ns
+        if _step_in_name(pattern, path.name) is not None or mtime_ns / 1e9 < since:
             continue
-        out.append({"step": int(m["step"]), "tokens": None, "path": str(path), "complete": _complete(layout, path),
-                    "time": path.stat().st_mtime})
-    return sorted(out, key=lambda c: c["step"])
+        if (noted.get(name) or {}).get("mtime_ns") == mtime_ns:
+            continue
+        step = step_at_save(mtime_ns / 1e9, seen, expected)
+        if step is not None:
+            noted[name] = {"mtime_ns": mtime_ns, "step": step}
+            changed = True
+    if changed:
+        report.write_json_atomic(root / STEPS_FILE, noted)
+
+
+def step_at_save(mtime: float, seen: list[tuple[int, float, float]],
+                 expected: Callable[[int], bool] | None = None) -> int | None:
+    """The step a checkpoint saved at `mtime` holds, from the steps reported around it (each
+    (step, earliest, latest): when its line can have been printed), for a trainer that prints
+    a step's line before it saves that step (nanoGPT and most loops): at least every step
+    printed before the save, at most the last one that can have been. Where lines read in the
+    same poll as the save leave a range, the one step in it at which the trainer was asked to
+    save (`expected`: {checkpoint_every} multiples, {checkpoint_at}); None while unknown (no
+    poll since the save yet, or no single step fits)."""
+    if not seen or max(latest for _, _, latest in seen) < mtime:
+        return None
+    lo = max((step for step, _, latest in seen if latest <= mtime), default=0)
+    top = max((step for step, earliest, _ in seen if earliest < mtime), default=0)
+    if top <= lo:
+        return lo
+    fits = [s for s in range(lo, top + 1) if expected is not None and expected(s)]
+    return fits[0] if len(fits) == 1 else None
+
+
+def expected_saves(every: int, at: tuple[int, ...] | list[int]) -> Callable[[int], bool]:
+    """Whether the trainer was asked to save at a step: a multiple of `every`, or one of `at`."""
+    return lambda step: step > 0 and ((every > 0 and step % every == 0) or step in at)
+
+
+def checkpoint_since(layout: CheckpointLayout | None, checkpoint_dir: str | Path, step: int,
+                     since: float) -> dict[str, Any] | None:
+    """A complete checkpoint of `step` or later, or (its step unknown) written since `since`."""
+    for c in reversed(list_checkpoints(layout, checkpoint_dir)):
+        if c["complete"] and (c["step"] >= step if c["step"] is not None else c["time"] >= since):
+            return c
+    return None
 
 
 def _complete(layout: CheckpointLayout, path: Path) -> bool:
@@ -140,11 +239,18 @@ def custom_trainer_warnings(spec: CampaignSpec) -> list[str]:
     if spec.trainer.command is None:
         return []
     out = []
+    per_step = any(st.kind in ("scaling", "long_run") for st in spec.stages)  # tokens per step from the spec
     for section in ("model", "data"):
-        if getattr(spec, section).model_fields_set:
+        fields = set(getattr(spec, section).model_fields_set)
+        if section == "model" and per_step:
+            fields -= {"seq_len"}
+        if fields:
             out.append(f"{section}: set, but trainer.command runs your own trainer, which gets it only in "
                        "trainer.json ({config}); the built-in trainer's section")
-    own = sorted(set(BUILT_IN_ONLY) & spec.trainer.model_fields_set)
+    own = set(BUILT_IN_ONLY) & spec.trainer.model_fields_set
+    if per_step:  # tokens per step, when the lines give none
+        own -= {"micro_batch_size", "grad_accum"}
+    own = sorted(own)
     if own:
         out.append(f"trainer.{', trainer.'.join(own)}: built-in trainer field(s); your command gets them only in "
                    "trainer.json ({config})")

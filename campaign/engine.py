@@ -314,14 +314,26 @@ class Engine:
         except LeaseLost:
             raise  # the ledger belongs to the new driver now: write nothing
         except Exception as e:
-            verdict = Verdict(False, f"stage crashed in the driver: {type(e).__name__}: {e}",
-                              {"traceback": traceback.format_exc(limit=5)})
+            where = self._keep_traceback(run.name)
+            verdict = Verdict(False, f"stage crashed in the driver: {type(e).__name__}: {e} (traceback: {where})",
+                              {"traceback": traceback.format_exc(limit=5), "traceback_file": where})
         if self.cancel_requested:
             self._set_stage(run, "failed", "cancelled by the user")
             raise Cancelled()
         self._set_stage(run, "passed" if verdict.passed else "failed", verdict.reason, verdict.numbers)
         self.progress.stage_finished(run.name, verdict)
         return verdict
+
+    def _keep_traceback(self, stage: str) -> str:
+        """Write the driver's whole traceback beside the stage's run directories; where it is
+        (`campaign status NAME --json` holds its last 5 frames too)."""
+        path = self.run_root / stage / "driver-traceback.txt"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(traceback.format_exc())
+        except OSError as e:
+            return f"not written ({e}); `campaign status {self.spec.name} --json`"
+        return str(path)
 
     def _set_stage(self, run: StageRun, state: str, verdict: str | None = None,
                    numbers: dict[str, Any] | None = None) -> None:

@@ -109,10 +109,32 @@ def split_by_rank(lines: Iterable[str]) -> dict[int | None, list[str]]:
     return out
 
 
+_WARNING = re.compile(r"^\S.*?:\d+: \w*Warning: |^\[W\d{4} |^(?:\[rank\d+\]: )?(?:WARNING|Warning)\b|UserWarning|"
+                      r"FutureWarning|DeprecationWarning")
+"""A warning (Python's `file:line: XWarning: ...`, c10's `[W1205 ...]`, a `WARNING` log line):
+never the line to quote for a crash; Python's source line under it is skipped too."""
+
+
+def without_warnings(lines: Sequence[str]) -> list[str]:
+    """`lines` less warnings and the indented source line Python prints under each."""
+    out, skip_source = [], False
+    for ln in lines:
+        if _WARNING.search(ln):
+            skip_source = True
+            continue
+        if skip_source and ln.startswith((" ", "\t")):
+            skip_source = False
+            continue
+        skip_source = False
+        out.append(ln)
+    return out
+
+
 def last_error_line(lines: Sequence[str]) -> str | None:
     """The line a human should read first: the last one matching a known signature, else the
-    last that looks like an error, else the last non-blank line; None for an empty log."""
-    clean = [ln.strip() for ln in lines if ln.strip()]
+    last that looks like an error, else the last non-blank line; None for an empty log.
+    Warnings are never quoted (`without_warnings`)."""
+    clean = [ln.strip() for ln in without_warnings(lines) if ln.strip()]
     for pick in (lambda ln: match(ln) is not None, lambda ln: _ERRORISH.search(ln) is not None):
         for ln in reversed(clean):
             if pick(ln):

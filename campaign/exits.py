@@ -21,6 +21,7 @@ __all__ = ["BROKEN_ENV", "CLASSES", "CONFIRM_ONCE", "NONFINITE", "NO_RETRY", "OK
 CLASSES = {
     "succeeded": "the trainer finished",
     "stalled": "no progress within the budget; killed (124)",
+    "timed_out": "the attempt's hard timeout (the stage's timeout_s) passed; killed (124), progress or not",
     "crashed_node": "a failure with evidence against a node",
     "crashed_systemic": "a failure no node swap can fix (127, import errors, same failure on different nodes)",
     "walltime": "the scheduler's deadline: checkpoint and resubmit, not a failure",
@@ -31,7 +32,7 @@ CLASSES = {
     "block_lost": "the block (scheduler job) ended under the attempt: cancelled by someone, or its nodes failed",
     "crashed_unknown": "a failure without enough evidence to blame a node or call it systemic: one confirming retry",
 }
-RESUMABLE = frozenset({"stalled", "crashed_node", "walltime", "orphaned", "block_lost"})
+RESUMABLE = frozenset({"stalled", "timed_out", "crashed_node", "walltime", "orphaned", "block_lost"})
 """Classes after which a relaunch from the last complete checkpoint makes sense."""
 CONFIRM_ONCE = frozenset({"crashed_unknown"})
 """Classes after which one relaunch (no exclusion) confirms or clears the suspicion

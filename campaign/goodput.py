@@ -41,7 +41,7 @@ from sqlalchemy.orm import Session
 from campaign.ledger.models import Attempt, Campaign, StageRun
 
 LOST = ("startup_s", "checkpoint_stall_s", "recomputed_s", "detection_s", "restart_s", "other_s")
-FAULTS = frozenset({"stalled", "crashed_node", "crashed_unknown", "crashed_systemic", "block_lost"})
+FAULTS = frozenset({"stalled", "timed_out", "crashed_node", "crashed_unknown", "crashed_systemic", "block_lost"})
 """Exit classes that are a fault: their tail is detection, the gap after them restart."""
 
 

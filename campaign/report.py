@@ -602,7 +602,9 @@ def latest_complete_checkpoint(checkpoint_dir: str | os.PathLike[str] | None = N
 
 def read_progress_lines(log: str | os.PathLike[str], pattern: re.Pattern[str], offset: int = 0) -> tuple[list[dict], int]:
     """Step rows from a trainer's own output (`trainer.progress: stdout`): every complete line
-    of `log` from byte `offset` that `pattern` matches, as {step, loss[, tokens][, step_time_s]};
+    of `log` from byte `offset` that `pattern` matches, as {step, loss[, tokens][, step_time_s]}
+    (`step_time` in seconds, or `step_time_ms` in milliseconds, as nanoGPT prints it;
+    `tokens_per_s`, as build-nanogpt's `tok/sec`);
     returns (rows, new_offset). A partial last line is left for the next call, as `read_metrics`
     does; a match whose numbers do not parse is skipped."""
     data = _complete_lines(log, offset)
@@ -618,6 +620,10 @@ def read_progress_lines(log: str | os.PathLike[str], pattern: re.Pattern[str], o
                 row["tokens"] = int(float(got["tokens"]))
             if "step_time" in got:
                 row["step_time_s"] = float(got["step_time"])
+            elif "step_time_ms" in got:
+                row["step_time_s"] = float(got["step_time_ms"]) / 1000
+            if "tokens_per_s" in got:
+                row["tokens_per_s"] = float(got["tokens_per_s"])
         except (KeyError, ValueError):
             continue
         rows.append(row)

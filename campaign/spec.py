@@ -70,8 +70,8 @@ class CampaignSpec(StrictModel):
                 raise ValueError(f"stages[{i}].nodes: {stage.nodes} nodes asked, but the site has {self.site.nodes}")
             try:
                 stage.check_in(self)
-            except ValueError as e:
-                raise ValueError(f"stages[{i}].{e}") from None
+            except ValueError as e:  # "field: problem", or ": problem" of the stage as a whole
+                raise ValueError(f"stages[{i}]{'' if str(e).startswith(':') else '.'}{e}") from None
         return self
 
     @model_validator(mode="after")

@@ -76,7 +76,8 @@ class StageSpec(StrictModel):
 
     def check_in(self, spec: Any) -> None:
         """What the whole spec must allow of this stage beyond its own fields (the site's nodes,
-        the trainer's batch): raises ValueError("field: message")."""
+        the trainer's batch): raises ValueError("field: message"), or ValueError(": message")
+        when the stage as a whole cannot run."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,11 @@ def steps_for_tokens(spec: Any, tokens: int, nodes: int | None) -> int:
     return -(-tokens // per_step)
 
 
+def at_step(step: int | None) -> str:
+    """`at step 12`, or `before its first step` (never "step None")."""
+    return "before its first step" if step is None else f"at step {step}"
+
+
 def where(result: dict[str, Any], file: str) -> str:
     """Where to look when `file` of an attempt's run directory lacks what a verdict needed:
     ' (RUN_DIR/metrics.jsonl is missing; rank 0's log: RUN_DIR/logs/rank-0.log)'. Empty for a
@@ -121,6 +127,23 @@ def where(result: dict[str, Any], file: str) -> str:
         return ""
     state = "has none" if (result.get("files") or {}).get(file) else "is missing"
     return f" ({run_dir}/{file} {state}; rank 0's log: {result.get('log')})"
+
+
+def last_output_line(result: dict[str, Any]) -> str:
+    """`; its last line: '...'` from rank 0's log of an attempt's result (warnings skipped),
+    or empty: what a trainer said when it reported no step (e.g. "Unable to locate sufficient
+    2 gpus to run this example. Exiting.")."""
+    from campaign.evidence import without_warnings
+
+    try:
+        with open(str(result.get("log")), "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(f.tell() - 8192, 0))
+            lines = f.read().decode("utf-8", errors="replace").splitlines()
+    except (OSError, TypeError):
+        return ""
+    kept = [ln.strip() for ln in without_warnings(lines) if ln.strip()]
+    return f"; its last line: {kept[-1]!r}" if kept else ""
 
 
 def after_retry(verdict: Verdict, first: Any) -> Verdict:

@@ -329,7 +329,7 @@ class StageContext:
                 a = s.get(Attempt, attempt_id)
                 assert a is not None
                 a.nodes = list(rep.get("nodes") or [])
-                for ck in checkpoints:
+                for ck in (c for c in checkpoints if c["step"] is not None):  # a step not yet known: not recorded
                     writes.record_checkpoint(s, a.stage_run, a, step=ck["step"], tokens=ck.get("tokens") or 0,
                                              path=str(ck["path"]), complete=bool(ck["complete"]))
                 writes.finish_attempt(s, a, state=rep["exit_class"], exit_code=rep["exit_code"],

@@ -7,7 +7,9 @@ the trainer with the site's launcher, and watches it:
 
 - the stall watchdog (`campaign.watchdog`) reads metrics, events and heartbeats; on a stall
   it names the culprit nodes, then SIGTERMs the launch and SIGKILLs it after a grace period
-  (exit 124, class `stalled`);
+  (exit 124, class `stalled`); past the attempt's hard timeout (the stage's `timeout_s`) it
+  does the same, class `timed_out` (its reason says the timeout, the step and how long since
+  the last progress: not a stall);
 - when one rank fails, the others get `FAILED_RANK_GRACE_S` to notice before the launch is
   stopped; the first failure is the evidence;
 - a `STOP` file in the run directory (written by `campaign cancel`, or by a driver
@@ -34,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from campaign import evidence, exits, report, rundir, watchdog
+from campaign import contract, evidence, exits, report, rundir, watchdog
 from campaign.attempt import AttemptRequest, Interrupt
 from campaign.executors import warm
 from campaign.rundir import PIDS_FILE, STOP_FILE
@@ -174,6 +176,8 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
     watched = _watch(launch, request, hosts, start, adapter)
     if adapter is not None:  # what rank 0 printed just before it exited
         adapter.poll(time.time())
+        if request.checkpoint_layout is not None:
+            _note_checkpoints(request, adapter, [], start)
     failure = launch.first_failure()
     if failure is not None and failure.rank == -1:  # one launcher process: its log names the rank
         failure = launcher_failure(rundir.launcher_log(run_dir), failure)
@@ -185,7 +189,7 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
         if finding.primary:
             failure = Failure(finding.primary["rank"], finding.primary["exit_code"], finding.primary["node"],
                               failure.seen)
-    code = exits.STALLED if watched.killed_by == "stalled" else (failure.exit_code if failure else 0)
+    code = exits.STALLED if watched.killed_by in ("stalled", "timeout") else (failure.exit_code if failure else 0)
     if watched.killed_by == "exit_hung":  # the trainer's own last event says how it ended
         code = {"done": exits.OK, "deadline": exits.SIGTERM, "nonfinite_loss": exits.NONFINITE}.get(
             watched.final_event or "", exits.STALLED)
@@ -195,18 +199,25 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
         report.remove_node_local(run_dir, node, str(request.attempt))
     # A rank that failed by itself may be evidence (the finding says); ranks the supervisor stopped are not.
     suspects = watched.suspects if watched.killed_by else [s.to_dict() for s in finding.suspects] if finding else []
+    stall = watched.stall
     if watched.killed_by == "stalled" and not suspects and len(hosts) > 1 and policy.drill_s > 0:
+        drill_log: list[dict[str, Any]] = []
         suspects = [{"node": n, "reason": "hung in a collective drill when bisecting the allocation",
-                     "evidence": {"drills": drills}} for n, drills in _bisect(request, hosts, policy)]
+                     "evidence": {"drills": drills}} for n, drills in _bisect(request, hosts, policy, drill_log)]
+        stall = f"{stall}; {drill_summary(drill_log, suspects, policy.drill_s)}"
+    if watched.killed_by in ("stalled", "timeout") and adapter is not None:
+        stall = f"{stall}; {STDOUT_EVIDENCE}"
     if watched.killed_by in ("stop", "interrupt"):
         exit_class = "cancelled"
+    elif watched.killed_by == "timeout":
+        exit_class = "timed_out"
     elif finding is not None:
         exit_class = exits.classify_finding(code, finding.kind)
     else:
         exit_class = exits.classify(code, suspects=bool(suspects))
     out = AttemptReport(
         exit_code=code, exit_class=exit_class, duration_s=round(time.time() - start, 3), nodes=hosts,
-        allocation=allocation, spares=spares, killed_by=watched.killed_by, stall=watched.stall,
+        allocation=allocation, spares=spares, killed_by=watched.killed_by, stall=stall,
         first_failure=None if failure is None else {"rank": failure.rank, "exit_code": failure.exit_code,
                                                       "node": failure.node, "after_s": round(failure.seen - start, 3)},
         suspects=suspects, last_step=metrics[-1]["step"] if metrics else None, launch_command=command,
@@ -313,6 +324,12 @@ class ProgressAdapter:
     pattern: re.Pattern[str]
     offset: int = 0
     last: tuple[int, float] | None = None
+    shift: int = 0
+    """Added to every printed step: 1 for a trainer that counts from 0 (`trainer.first_step: 0`)."""
+    seen: list[tuple[int, float, float]] = field(default_factory=list)
+    """(step, earliest, latest): each step with the poll before the one that read its line
+    and that poll (when it can have been printed); the step of a checkpoint saved in between."""
+    previous_poll: float = 0.0
 
     @classmethod
     def for_request(cls, request: AttemptRequest) -> ProgressAdapter | None:
@@ -320,12 +337,17 @@ class ProgressAdapter:
             return None
         run_dir = Path(request.run_dir)
         log = rundir.rank_log(run_dir, 0) if request.launcher == "local" else rundir.launcher_log(run_dir)
-        return cls(log, run_dir, re.compile(request.progress_pattern))
+        return cls(log, run_dir, re.compile(request.progress_pattern), shift=1 - request.progress_first_step)
 
     def poll(self, now: float) -> None:
         rows, self.offset = report.read_progress_lines(self.log, self.pattern, self.offset)
+        earliest, self.previous_poll = self.previous_poll, now
         if not rows:
             return
+        for row in rows:
+            row["step"] += self.shift
+        self.seen += printed_between(rows, earliest, now)
+        del self.seen[:-SEEN_KEPT]
         # Lines read in one poll share its time: spread the time since the last poll over their steps.
         per_step = None
         if self.last is not None and rows[-1]["step"] > self.last[0]:
@@ -339,7 +361,45 @@ class ProgressAdapter:
         report.append_metrics(self.run_dir, rows)
 
 
-def _checkpoint_ready(interrupt: Interrupt) -> bool:
+def _read_rank_finished(launch: _Launch, request: AttemptRequest, watch: watchdog.Watch) -> bool:
+    """With `progress: stdout`: has the rank whose output is read (rank 0; the launcher's with
+    mpiexec/srun) exited 0 after reporting the attempt's last step?"""
+    target = int(request.env.get("CAMPAIGN_MAX_STEPS") or 0) + 1 - request.progress_first_step
+    for i, (rank, _, _) in enumerate(launch.procs):
+        if rank == 0 and i in launch.exits:
+            return launch.exits[i][0] == 0 and watch.last_step >= target
+    return False
+
+
+def _note_checkpoints(request: AttemptRequest, adapter: ProgressAdapter | None, seen: list[tuple[int, float, float]],
+                      start: float) -> None:
+    """The step of each of the trainer's own checkpoints whose name gives none, from the steps
+    reported around its save (`contract.note_checkpoint_steps`)."""
+    env = request.env
+    every = int(env.get("CAMPAIGN_CHECKPOINT_EVERY") or 0)
+    at = tuple(int(x) for x in (env.get("CAMPAIGN_CHECKPOINT_AT") or "").split(",") if x)
+    contract.note_checkpoint_steps(request.checkpoint_layout, env["CAMPAIGN_CHECKPOINT_DIR"],
+                                   adapter.seen if adapter is not None else seen, since=start,
+                                   expected=contract.expected_saves(every, at))
+
+
+def printed_between(rows: list[dict[str, Any]], earliest: float, latest: float) -> list[tuple[int, float, float]]:
+    """(step, earliest, latest) print times of the rows one poll read, all printed between the
+    previous poll (`earliest`) and this one (`latest`); where the trainer gave its step time,
+    consecutive lines are at least that far apart, which narrows both ends."""
+    given = [r.get("step_time_s") or 0.0 for r in rows]
+    lo, hi = [earliest] * len(rows), [latest] * len(rows)
+    for i in range(1, len(rows)):
+        lo[i] = min(lo[i - 1] + given[i], latest)
+    for i in range(len(rows) - 2, -1, -1):
+        hi[i] = max(hi[i + 1] - given[i + 1], earliest)
+    return [(int(r["step"]), min(a, b), b) for r, a, b in zip(rows, lo, hi)]
+
+
+def _checkpoint_ready(interrupt: Interrupt, request: AttemptRequest, start: float) -> bool:
+    if request.checkpoint_layout is not None and interrupt.checkpoint_step is not None:
+        return contract.checkpoint_since(request.checkpoint_layout, request.env["CAMPAIGN_CHECKPOINT_DIR"],
+                                         interrupt.checkpoint_step, start) is not None
     path = interrupt.after_checkpoint
     return path is None or (Path(path) / report.COMPLETE_MARKER).exists()
 
@@ -355,6 +415,7 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
     timeout = request.timeout_s
     offsets = {"metrics": 0, "events": 0}
     rescued: dict[str, Any] | None = None
+    seen: list[tuple[int, float, float]] = []  # a trainer's own metrics rows: (step, time, time)
     while True:
         now = time.time()
         launch.poll(now)
@@ -363,14 +424,27 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
                                  else None, rescue=rescued)
         if adapter is not None:
             adapter.poll(now)
-        _observe(run_dir, watch, offsets, now)
+        rows = _observe(run_dir, watch, offsets, now)
+        if adapter is not None and watch.final_event is None and _read_rank_finished(launch, request, watch):
+            # Rank 0 exited 0 after its last step: the training outcome is known; ranks whose
+            # output is not read get exit_s to follow, then are stopped (exit_hung), not relaunched.
+            watch.saw_events([{"event": "done", "step": watch.last_step}], now)
+        if adapter is None:
+            seen += [(int(r["step"]), r["time"], r["time"]) for r in rows if r.get("time") is not None]
+            del seen[:-SEEN_KEPT]
+        if request.checkpoint_layout is not None:
+            _note_checkpoints(request, adapter, seen, start)
         if (run_dir / STOP_FILE).exists():
             launch.stop(time.time)
             return _WatchOutcome(killed_by="stop")
-        if interrupt and watch.last_step >= interrupt.after_step and _checkpoint_ready(interrupt):
+        if interrupt and watch.last_step >= interrupt.after_step and _checkpoint_ready(interrupt, request, start):
             launch.signal(getattr(signal, interrupt.signal))
             _wait(launch, timeout=30.0)
             return _WatchOutcome(killed_by="interrupt")
+        if interrupt and interrupt.give_up_step and watch.last_step >= interrupt.give_up_step:
+            launch.stop(time.time)
+            return _WatchOutcome(killed_by="interrupt", stall=f"no complete checkpoint of step "
+                                 f"{interrupt.checkpoint_step} or later by step {watch.last_step}")
         failure = launch.first_failure()
         if failure is not None and watch.rescue and rescued is None and failure.exit_code not in NOT_FAULTS:
             # A rank died: the survivors linger (their collective failed) for the rescue request.
@@ -391,11 +465,17 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
         if decision.stalled and decision.phase == "exiting":
             # Every rank finished but the launch does not exit (e.g. srun waiting on a lost
             # socket): the training outcome is known; stop the launcher, do not call it a stall.
+            left = [r for i, (r, _, _) in enumerate(launch.procs) if i not in launch.exits and r >= 0]
             launch.stop(time.time)
-            return _WatchOutcome(killed_by="exit_hung", final_event=watch.final_event,
-                            stall=f"the launch did not exit {decision.idle_s:.0f} s after the trainer finished; stopped it")
+            what = (f"rank(s) {left} did not exit {decision.idle_s:.0f} s after rank 0 reported its last step "
+                    f"({watch.last_step}) and exited 0 (their output is not read: progress: stdout reads rank 0's); "
+                    "stopped them" if adapter is not None and left else
+                    f"the launch did not exit {decision.idle_s:.0f} s after the trainer finished; stopped it")
+            return _WatchOutcome(killed_by="exit_hung", final_event=watch.final_event, stall=what)
         if failure is None and (decision.stalled or now - start > timeout):
-            reason = decision.reason if decision.stalled else f"hard timeout of {timeout:g} s"
+            reason = (decision.reason if decision.stalled else
+                      f"hard timeout of {timeout:g} s (the stage's timeout_s) at step {watch.last_step or 'none'}, "
+                      f"{now - watch.last_progress:.0f} s after the last progress")
             beats = report.read_heartbeats(run_dir)
             # A trainer read through its output (progress: stdout) writes no heartbeats: their absence is no evidence.
             suspects = watchdog.culprits(beats, hosts, now, policy) if beats or adapter is None else []
@@ -404,8 +484,8 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
                 rescued = _rescue(launch, request, hosts, watch, avoid_nodes={s["node"] for s in suspects},
                                   avoid_ranks={s["evidence"].get("rank") for s in suspects})
             launch.stop(time.time)
-            return _WatchOutcome(killed_by="stalled", stall=reason, suspects=suspects, detected_after_s=round(detected, 2),
-                                 rescue=rescued)
+            return _WatchOutcome(killed_by="stalled" if decision.stalled else "timeout", stall=reason, suspects=suspects,
+                                 detected_after_s=round(detected, 2), rescue=rescued)
         time.sleep(POLL_S)
 
 
@@ -447,7 +527,8 @@ def _rescuer(launch: _Launch, request: AttemptRequest, hosts: list[str], avoid_n
     return -1
 
 
-def _observe(run_dir: Path, watch: watchdog.Watch, offsets: dict[str, int], now: float) -> None:
+def _observe(run_dir: Path, watch: watchdog.Watch, offsets: dict[str, int], now: float) -> list[dict[str, Any]]:
+    """Feed the watch what the run directory holds that is new; the new metrics rows."""
     rows, offsets["metrics"] = report.read_metrics(run_dir, offsets["metrics"])
     watch.saw_steps(rows, now)
     events, offsets["events"] = report.read_events_from(run_dir, offsets["events"])
@@ -456,6 +537,7 @@ def _observe(run_dir: Path, watch: watchdog.Watch, offsets: dict[str, int], now:
     phases = {r.get("phase") for b in beats.values() for r in b.get("ranks", {}).values()}
     watch.saw_phases({p for p in phases if p}, now)
     watch.saw_compute(beats)
+    return rows
 
 
 def _wait(launch: _Launch, timeout: float) -> None:
@@ -465,6 +547,24 @@ def _wait(launch: _Launch, timeout: float) -> None:
         launch.poll(time.time())
     if not launch.done:
         launch.stop(time.time)
+
+
+SEEN_KEPT = 10_000
+"""Reported steps kept to date a checkpoint's save (`contract.step_at_save`): far more than a
+checkpoint interval's worth at any poll rate, and a bounded list in a run of a million steps."""
+
+STDOUT_EVIDENCE = ("evidence: rank 0's output only (progress: stdout; no heartbeats, so no rank or phase is "
+                   "named): its last step line and its log")
+"""What a stall of a trainer read through its output can be judged on (docs/trainer-contract.md)."""
+
+
+def drill_summary(log: list[dict[str, Any]], suspects: list[dict[str, Any]], drill_s: float) -> str:
+    """The bisection drill's result in words: which subsets passed, and what it blamed."""
+    runs = ", ".join(f"{'+'.join(d['nodes'])} {'passed' if d['ok'] else 'hung'}" for d in log)
+    if suspects:
+        return f"collective drill ({drill_s:g} s each): {runs}; suspects: {', '.join(s['node'] for s in suspects)}"
+    return (f"collective drill ({drill_s:g} s each): {runs}; no node hangs it: the hang is the trainer's, not a "
+            "node's or the network's")
 
 
 def _bisect(request: AttemptRequest, hosts: list[str], policy: watchdog.WatchdogPolicy,

@@ -34,7 +34,7 @@ from pydantic import Field, field_validator, model_validator
 
 from campaign import contract, evidence, exits, goodput
 from campaign.ledger.models import Campaign
-from campaign.stagebase import StageSpec, Targets, Verdict, steps_for_tokens, where
+from campaign.stagebase import StageSpec, Targets, Verdict, at_step, steps_for_tokens, where
 from campaign.train.config import Fault
 from campaign.watchdog import WatchdogPolicy
 
@@ -121,6 +121,7 @@ def first_targets(stage: LongRunStage, spec: Any, nodes: int) -> Targets:
 def run(ctx: StageContext, stage: LongRunStage) -> Verdict:
     targets = first_targets(stage, ctx.spec, stage.nodes or ctx.spec.site.nodes)
     steps = targets.steps
+    announced: int | None = 0
     ckpt = ctx.stage_dir / targets.checkpoints
     outcomes: list[AttemptOutcome] = []
     excluded: list[str] = []
@@ -133,6 +134,8 @@ def run(ctx: StageContext, stage: LongRunStage) -> Verdict:
                              else f"relaunch {len(outcomes)}", rotate=1 if confirming else 0)
         if confirming:
             outcome = ctx.confirm(outcomes[-1], outcome)
+        if outcomes:
+            _check_resumed(ctx, outcomes[-1], outcome, announced)
         outcomes.append(outcome)
         if stage.exclude_stragglers and outcome.report.get("stragglers"):
             excluded += ctx.exclude_stragglers(outcome, hours=stage.exclusion_hours)
@@ -147,12 +150,13 @@ def run(ctx: StageContext, stage: LongRunStage) -> Verdict:
             if budget.probe:
                 ctx.event("exclusion_budget", f"not excluded without a probe: {budget.reason}",
                           attempt_id=outcome.attempt_id, data={"probe": [s.node for s in budget.probe]})
-        resumed = _newest_complete(ctx.spec.trainer.checkpoints, ckpt)
-        lost = (outcome.last_step or 0) - resumed
+        newest = contract.newest_complete(ctx.spec.trainer.checkpoints, ckpt)
+        announced = newest["step"] if newest else 0
         ctx.event("relaunch", f"relaunching after {outcome.exit_class} (exit {outcome.exit_code}"
-                  f"{', ' + outcome.report['stall'] if outcome.report.get('stall') else ''}) from the checkpoint of "
-                  f"step {resumed}; {max(lost, 0)} step(s) lost", attempt_id=outcome.attempt_id,
-                  data={"resume_step": resumed, "steps_lost": max(lost, 0), "exit_class": outcome.exit_class})
+                  f"{', ' + outcome.report['stall'] if outcome.report.get('stall') else ''}) "
+                  + relaunch_from(newest, outcome.last_step), attempt_id=outcome.attempt_id,
+                  data={"resume_step": announced, "steps_lost": max((outcome.last_step or 0) - (announced or 0), 0)
+                        if announced is not None else None, "exit_class": outcome.exit_class})
         if outcome.exit_class == "crashed_systemic" and stage.backoff_s:
             systemic = sum(1 for o in outcomes if o.exit_class == "crashed_systemic")
             time.sleep(stage.backoff_s * 2 ** (systemic - 1))
@@ -212,9 +216,29 @@ def _no_progress(outcomes: list[Any], k: int) -> bool:
     return all((o.last_step or 0) <= before for o in outcomes[-k:])
 
 
-def _newest_complete(layout: Any, ckpt: Any) -> int:
-    newest = contract.newest_complete(layout, ckpt)
-    return newest["step"] if newest else 0
+def relaunch_from(newest: dict[str, Any] | None, last_step: int | None) -> str:
+    """`from the checkpoint of step 200; 113 step(s) lost`, or what is known when the
+    checkpoint's step is not (a file named without one, saved before any step was read)."""
+    if newest is None:
+        return f"from scratch (no complete checkpoint); {last_step or 0} step(s) lost"
+    if newest["step"] is None:
+        return f"from {newest['path']} (its step is known once the trainer reports)"
+    return f"from the checkpoint of step {newest['step']}; {max((last_step or 0) - newest['step'], 0)} step(s) lost"
+
+
+def _check_resumed(ctx: StageContext, before: AttemptOutcome, after: AttemptOutcome, announced: int | None) -> None:
+    """The relaunch's first step says which checkpoint the trainer really resumed from (its own
+    may not be the newest campaign saw, or its step was unknown): an event with the real loss."""
+    if not after.metrics:
+        return
+    resumed = int(after.metrics[0]["step"]) - 1
+    if resumed == announced:
+        return
+    lost = max((before.last_step or 0) - resumed, 0)
+    was = f"the checkpoint of step {announced}" if announced is not None else "a checkpoint of unknown step"
+    ctx.event("resumed", f"attempt {after.number} resumed from step {resumed} (its first step is {resumed + 1}), not "
+              f"{was}: {lost} step(s) lost since attempt {before.number}'s step {before.last_step or 0}",
+              attempt_id=after.attempt_id, data={"resume_step": resumed, "steps_lost": lost})
 
 
 def judge(attempts: list[dict[str, Any]], *, steps: int, tokens: int | None, stop: str = "done",
@@ -235,8 +259,8 @@ def judge(attempts: list[dict[str, Any]], *, steps: int, tokens: int | None, sto
                "last_loss": final.get("loss"), "exit_classes": classes,
                "suspects": [s["node"] for a in attempts for s in a.get("suspects") or []]}
     if last.get("exit_code") != 0:
-        why = (f"attempt {len(attempts)} ended {last.get('exit_class')} (exit {last.get('exit_code')}) at step "
-               f"{last.get('last_step')}")
+        why = (f"attempt {len(attempts)} ended {last.get('exit_class')} (exit {last.get('exit_code')}) "
+               f"{at_step(last.get('last_step'))}")
         if last.get("stall"):
             why += f" [{last['stall']}]"
         if last.get("error"):
@@ -267,5 +291,6 @@ def judge(attempts: list[dict[str, Any]], *, steps: int, tokens: int | None, sto
             faults += f", excluded {', '.join(excluded)}"
         elif numbers["suspects"]:
             faults += f", suspected {', '.join(numbers['suspects'])} (none excluded)"
+    late = f"; {last['stall']}" if last.get("killed_by") == "exit_hung" and last.get("stall") else ""
     return Verdict(True, f"reached {target} (step {final['step']}, {final['tokens']:,} tokens){faults}; "
-                   f"final loss {loss:.4f}", numbers)
+                   f"final loss {loss:.4f}{late}", numbers)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, model_validator
 
 from campaign.reference import Reference
-from campaign.stagebase import StageSpec, Targets, Verdict, after_retry, where
+from campaign.stagebase import StageSpec, Targets, Verdict, after_retry, at_step, where
 
 if TYPE_CHECKING:
     from campaign.stagecontext import StageContext
@@ -56,8 +56,9 @@ def run(ctx: StageContext, stage: LossCheckStage) -> Verdict:
     outcome, first = ctx.launch_confirmed(targets, retry_targets=retry, nodes=stage.nodes, timeout_s=stage.timeout_s)
     check_steps = list(range(stage.steps - stage.window + 1, stage.steps + 1))
     if outcome.exit_code != 0:
-        return after_retry(Verdict(False, f"trainer exited {outcome.exit_code} ({outcome.exit_class}) at step "
-                                   f"{outcome.report.get('last_step')}; rank 0's log: {outcome.rank0_log}",
+        stall = f" [{outcome.report['stall']}]" if outcome.report.get("stall") else ""
+        return after_retry(Verdict(False, f"trainer exited {outcome.exit_code} ({outcome.exit_class}) "
+                                   f"{at_step(outcome.last_step)}{stall}; rank 0's log: {outcome.rank0_log}",
                                    {"exit_code": outcome.exit_code}), first)
     reference = None if stage.reference.record else ctx.reference_losses(stage.reference)
     return after_retry(judge(outcome.losses, reference, check_steps, stage.tolerance,

@@ -54,11 +54,28 @@ class ResumeTestStage(StageSpec):
     def injected_faults(self) -> tuple[Fault, ...]:
         return tuple(self.faults)
 
+    def check_in(self, spec: Any) -> None:
+        why = resume_test_unsatisfiable(spec.trainer)
+        if why:
+            raise ValueError(f": the resume test cannot run with this trainer: {why}")
+
     def attempts_bound(self) -> int:
         return 1 + 2 * len(self.signals)  # the reference run, then per signal the interrupted run and its resume
 
 
 NO_CKPT = {"checkpoint_every": 0}
+
+
+def resume_test_unsatisfiable(trainer: Any) -> str | None:
+    """Why no run of `trainer` (a TrainConfig) can satisfy the resume test, or None; checked by
+    `campaign validate`, before any node is spent."""
+    if trainer.command is None or trainer.checkpoints is not None:
+        return None
+    if trainer.progress == "stdout":
+        return ("trainer.progress is stdout and trainer.checkpoints is not set, so campaign finds no checkpoint "
+                "to wait for and resume from; set trainer.checkpoints (your trainer's own files: glob, complete) "
+                "and trainer.resume_args (how it resumes), or write step-NNNNNNNN/ checkpoints with campaign.report")
+    return None
 
 
 def first_targets(stage: ResumeTestStage, spec: Any, nodes: int) -> Targets:
@@ -82,26 +99,48 @@ def run(ctx: StageContext, stage: ResumeTestStage) -> Verdict:
         ckpt = f"checkpoints-{sig.lower()}"
         # The interrupted run has no end of its own, so the interrupt always lands mid-training,
         # and only once its checkpoint is complete (an async save may still be writing it).
+        # A trainer's own checkpoints (trainer.checkpoints) are waited for by step, or, when the
+        # name gives none (nanoGPT's ckpt.pt, timestamped folders), as one saved during the run.
+        own = ctx.spec.trainer.checkpoints is not None
         cut = ctx.launch(Targets(steps=UNBOUNDED, checkpoints=ckpt, checkpoint_at=(stage.checkpoint_step,),
                                  train=NO_CKPT, exact=True), nodes=stage.nodes, timeout_s=stage.timeout_s,
                          label=f"{sig} at step {stage.interrupt_step}",
                          interrupt={"after_step": stage.interrupt_step, "signal": sig,
                                     "after_checkpoint": str(ctx.stage_dir / ckpt /
-                                                            report.checkpoint_name(stage.checkpoint_step))})
+                                                            report.checkpoint_name(stage.checkpoint_step)),
+                                    "checkpoint_step": stage.checkpoint_step,
+                                    # the built-in trainer's async saves may lag: it gets the timeout
+                                    "give_up_step": give_up_step(stage) if own else None})
+        if cut.report.get("stall", "") and str(cut.report.get("stall")).startswith("no complete checkpoint"):
+            layout = ctx.spec.trainer.checkpoints
+            found = (f"trainer.checkpoints.glob {layout.glob!r}" if own and layout else
+                     f"{report.checkpoint_name(stage.checkpoint_step)}/{report.COMPLETE_MARKER}")
+            return after_retry(Verdict(False, f"the interrupted run ({sig}) reached step {cut.last_step} without a "
+                                       f"complete checkpoint of step {stage.checkpoint_step} in "
+                                       f"{ctx.stage_dir / ckpt} ({found}): the trainer must save at {{checkpoint_at}} "
+                                       f"(CAMPAIGN_CHECKPOINT_AT); rank 0's log: {cut.rank0_log}",
+                                       {"cut_last_step": cut.last_step}), retried)
         resumed, first = ctx.launch_confirmed(Targets(steps=stage.steps, resume=True, checkpoints=ckpt,
                                                       train=NO_CKPT, checkpoint_final=False, exact=True),
                                               nodes=stage.nodes, timeout_s=stage.timeout_s,
                                               label=f"resume after {sig}", faults=tuple(stage.faults))
         retried = first or retried
         checks.append(compare(sig, reference.metrics, cut.as_dict(), resumed.as_dict(), stage.tolerance,
-                              checkpoint_step=stage.checkpoint_step))
+                              checkpoint_step=stage.checkpoint_step, own_checkpoint=own))
     return after_retry(judge(checks), retried)
 
 
+def give_up_step(stage: ResumeTestStage) -> int:
+    """The step at which the interrupted run is stopped if its checkpoint never appeared."""
+    return stage.interrupt_step + max(stage.steps, 2 * (stage.interrupt_step - stage.checkpoint_step))
+
+
 def compare(signal: str, reference: list[dict[str, Any]], cut: dict[str, Any], resumed: dict[str, Any],
-            tolerance: float, checkpoint_step: int | None = None) -> dict[str, Any]:
+            tolerance: float, checkpoint_step: int | None = None, own_checkpoint: bool = False) -> dict[str, Any]:
     """One interrupted-and-resumed run against the reference (plain data in, plain data out).
-    `checkpoint_step`: the resumed run must start right after it (not from scratch)."""
+    `checkpoint_step`: the resumed run must start right after it (not from scratch).
+    `own_checkpoint`: the trainer's own checkpoint (trainer.checkpoints), whose contents
+    campaign cannot see: a difference is explained as far as the losses tell (`why_differs`)."""
     out: dict[str, Any] = {"signal": signal, "cut_exit_code": cut.get("exit_code"), "cut_last_step": cut.get("last_step"),
                            "resume_exit_code": resumed.get("exit_code")}
     rows = resumed.get("metrics", [])
@@ -140,7 +179,33 @@ def compare(signal: str, reference: list[dict[str, Any]], cut: dict[str, Any], r
             out["first_differing_step"] = m["step"]
             out["problem"] = (f"loss differs first at step {m['step']}: resumed {m['loss']!r} vs reference "
                               f"{r['loss']!r} (|diff| {diff:.3g} > {tolerance:g})")
+            why = why_differs(m["step"], first, reference, rows, own_checkpoint)
+            if why:
+                out["problem"] += f"; {why}"
+                out["why"] = why
     return out
+
+
+def why_differs(step: int, first: int, reference: list[dict[str, Any]], rows: list[dict[str, Any]],
+                own_checkpoint: bool) -> str | None:
+    """What the losses tell about a resumed run that differs from the reference at `step`
+    (its first step is `first`), or None when they tell nothing."""
+    ref = {m["step"]: m["loss"] for m in reference}
+    loss = rows[0]["loss"]
+    fresh, expected = ref.get(1), ref.get(first)
+    if fresh is not None and expected is not None and math.isfinite(loss) and abs(loss - fresh) < abs(loss - expected):
+        return (f"its first loss {loss:.4g} is nearer the reference's first step ({fresh:.4g}) than step {first} "
+                f"({expected:.4g}): the model state may not have been restored (did the trainer load the checkpoint?)")
+    if step != first:
+        return (f"steps {first}-{step - 1} matched: the state was restored; a later difference points at "
+                "nondeterministic kernels or data read in another order")
+    if own_checkpoint:
+        return ("the first resumed step already differs while its loss is near the reference's: the model was "
+                "restored but not the batches; the trainer's own checkpoint holds no data position or RNG state "
+                "campaign can see (a script that reseeds its RNG at start, e.g. torch.manual_seed, draws other "
+                "batches after a resume); compare within a tolerance, or save and restore them")
+    return ("the first resumed step already differs: the data position or the RNG state was not restored as "
+            "saved (the checkpoint's meta.json data_position, rank-RRRRR.pt RNG states)")
 
 
 def judge(checks: list[dict[str, Any]]) -> Verdict:

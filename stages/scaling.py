@@ -8,6 +8,12 @@ Efficiency is the per-node throughput at each count over that at the smallest co
 node ratio (strong scaling: the global batch is fixed). Passes when every count's efficiency is at
 least `min_efficiency` and its window's mean loss is within `loss_tolerance` of the
 reference's mean over the same steps (by default the smallest count's run).
+
+Tokens/s is the trainer's own (`tokens_per_s` in its metrics rows) or, for a trainer read
+through its output (`trainer.progress: stdout`), derived from step times alone: tokens per
+step from the cumulative `tokens` of its rows (a `tokens` group of `step_pattern`) or from
+the spec (`model.seq_len` x `trainer.micro_batch_size` x `trainer.grad_accum` x ranks, set to
+your trainer's values). With neither, `campaign validate` refuses the stage (`tokens_source`).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from campaign.reference import Reference
-from campaign.stagebase import StageSpec, Targets, Verdict, after_retry
+from campaign.stagebase import StageSpec, Targets, Verdict, after_retry, at_step
 
 if TYPE_CHECKING:
     from campaign.stagecontext import StageContext
@@ -81,6 +87,11 @@ class ScalingStage(StageSpec):
             raise ValueError(f"batch: {e}") from None
         if self.node_counts[-1] > spec.site.nodes:
             raise ValueError(f"node_counts: {self.node_counts[-1]} nodes asked, but the site has {spec.site.nodes}")
+        if tokens_source(spec.trainer) is None:
+            raise ValueError(": a scaling stage cannot measure tokens/s: trainer.progress is stdout and "
+                             "trainer.step_pattern has no `tokens` group; add (?P<tokens>...) for the cumulative "
+                             "tokens your trainer prints, or set trainer.micro_batch_size (with model.seq_len and "
+                             "trainer.grad_accum) to your trainer's batch, so tokens/s is derived from step times")
 
     def attempt_nodes(self, site_nodes: int) -> list[int]:
         return list(self.node_counts)
@@ -89,13 +100,40 @@ class ScalingStage(StageSpec):
         return len(self.node_counts)
 
 
+def tokens_source(trainer: Any) -> str | None:
+    """Where tokens/s comes from for `trainer` (a TrainConfig): `metrics` (the trainer writes
+    it), `tokens` (cumulative tokens in its progress lines), `spec` (the spec's batch), or
+    None: nothing gives it, and the stage cannot judge efficiency."""
+    if trainer.progress != "stdout":
+        return "metrics"
+    import re
+
+    groups = re.compile(trainer.step_pattern or "").groupindex
+    if "tokens_per_s" in groups:
+        return "metrics"
+    if "tokens" in groups:
+        return "tokens"
+    return "spec" if "micro_batch_size" in trainer.model_fields_set else None
+
+
+def spec_tokens_per_step(spec: Any, nodes: int) -> int:
+    """Tokens one optimizer step trains at `nodes` nodes, from the spec's batch (all ranks)."""
+    from campaign.train.shapes import shape_for
+
+    t = spec.trainer
+    return shape_for(spec.model).seq_len * t.micro_batch_size * t.grad_accum * nodes * spec.site.ranks_per_node
+
+
 def run(ctx: StageContext, stage: ScalingStage) -> Verdict:
     rows, retried = [], None
+    from_spec = tokens_source(ctx.spec.trainer) == "spec"
     for n in stage.node_counts:
         outcome, first = ctx.launch_confirmed(first_targets(stage, ctx.spec, n), nodes=n, timeout_s=stage.timeout_s,
                                           label=f"{n} node(s)")
         retried = first or retried
-        row = measure(outcome.metrics, nodes=n, warmup=stage.warmup_steps, window=window_steps(stage))
+        per_step = spec_tokens_per_step(ctx.spec, n) if from_spec else None
+        row = measure(outcome.metrics, nodes=n, warmup=stage.warmup_steps, window=window_steps(stage),
+                      tokens_per_step=per_step)
         row.update(ranks=outcome.world_size, exit_code=outcome.exit_code, exit_class=outcome.exit_class,
                    attempt=outcome.number)
         rows.append(row)
@@ -129,14 +167,20 @@ def window_steps(stage: ScalingStage) -> list[int]:
     return list(range(max(1, stage.steps - stage.loss_window + 1), stage.steps + 1))
 
 
-def measure(metrics: list[dict[str, Any]], *, nodes: int, warmup: int, window: list[int] | None = None) -> dict[str, Any]:
+def measure(metrics: list[dict[str, Any]], *, nodes: int, warmup: int, window: list[int] | None = None,
+            tokens_per_step: float | None = None) -> dict[str, Any]:
     """One row of the scaling table from one attempt's step metrics; `loss` is the mean over
-    the `window` steps (None if one is missing)."""
+    the `window` steps (None if one is missing). Without `tokens_per_s` in the rows, tokens/s
+    is tokens per step (from the rows' cumulative tokens, else `tokens_per_step`) over the
+    median step time."""
     steady = [m for m in metrics if m["step"] > warmup] or metrics
     row: dict[str, Any] = {"nodes": nodes, "steps": len(metrics)}
     for key in ("step_time_s", "tokens_per_s", "comm_time_s"):
         vals = [m[key] for m in steady if m.get(key) is not None]
         row[key] = statistics.median(vals) if vals else None
+    if row["tokens_per_s"] is None and row["step_time_s"]:
+        per_step = _tokens_per_step(steady) or tokens_per_step
+        row["tokens_per_s"] = per_step / row["step_time_s"] if per_step else None
     mems = [m["mem_peak_gib"] for m in metrics if m.get("mem_peak_gib") is not None]
     row["mem_peak_gib"] = max(mems) if mems else None
     row["comm_share"] = (row["comm_time_s"] / row["step_time_s"]
@@ -157,7 +201,7 @@ def judge(rows: list[dict[str, Any]], stage: ScalingStage, reference: dict[int, 
     _efficiency(rows)
     if missing:
         bad = next((r for r in rows if r["nodes"] == missing[0]), None)
-        why = f"exited {bad['exit_code']} ({bad['exit_class']}) at step {bad['last_step']}" if bad else "did not run"
+        why = f"exited {bad['exit_code']} ({bad['exit_class']}) {at_step(bad['last_step'])}" if bad else "did not run"
         return Verdict(False, f"{missing[0]} node(s): {why}", numbers)
     base = rows[0]
     window = window_steps(stage)
@@ -169,20 +213,27 @@ def judge(rows: list[dict[str, Any]], stage: ScalingStage, reference: dict[int, 
     problems = []
     for r in rows:
         if r["efficiency"] is None:
-            problems.append(f"{r['nodes']} node(s): no tokens/s reported")
+            problems.append(f"{r['nodes']} node(s): no tokens/s reported"
+                            + ("" if r.get("step_time_s") else " and no step time to derive it from"))
         elif r["efficiency"] + EPS < stage.min_efficiency:
             problems.append(f"{r['nodes']} node(s): efficiency {r['efficiency']:.2f} below {stage.min_efficiency:g}")
         loss = r["loss"]
         if loss is None or not math.isfinite(loss) or abs(loss - ref_loss) > stage.loss_tolerance + EPS:
             problems.append(f"{r['nodes']} node(s): mean loss over {span} {_fmt(loss)} vs reference {ref_loss:.4f} "
                             f"outside ±{stage.loss_tolerance:g}")
-    top = rows[-1]
-    summary = (f"{len(rows)} node counts; efficiency at {top['nodes']} node(s) {top['efficiency']:.2f}; "
-               f"tokens/s {base['tokens_per_s']:,.0f} -> {top['tokens_per_s']:,.0f}; mean loss over {span} within "
-               f"±{stage.loss_tolerance:g} of {ref_loss:.4f}")
     if problems:
         return Verdict(False, "; ".join(problems), numbers)
-    return Verdict(True, summary, numbers)
+    top = rows[-1]
+    return Verdict(True, f"{len(rows)} node counts; efficiency at {top['nodes']} node(s) {top['efficiency']:.2f}; "
+                         f"tokens/s {base['tokens_per_s']:,.0f} -> {top['tokens_per_s']:,.0f}; mean loss over {span} "
+                         f"within ±{stage.loss_tolerance:g} of {ref_loss:.4f}", numbers)
+
+
+def _tokens_per_step(rows: list[dict[str, Any]]) -> float | None:
+    """Median tokens per step between consecutive rows' cumulative tokens (None: no tokens)."""
+    deltas = [(b["tokens"] - a["tokens"]) / (b["step"] - a["step"]) for a, b in zip(rows, rows[1:])
+              if a.get("tokens") and b.get("tokens") and b["step"] > a["step"]]
+    return statistics.median(deltas) if deltas else None
 
 
 def _mean(values: list[float | None]) -> float | None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from campaign.stagebase import StageSpec, Targets, Verdict, after_retry, where
+from campaign.stagebase import StageSpec, Targets, Verdict, after_retry, at_step, last_output_line, where
 
 if TYPE_CHECKING:
     from campaign.stagecontext import StageContext
@@ -39,7 +39,8 @@ def run(ctx: StageContext, stage: SmokeStage) -> Verdict:
     gets, `StageContext.launch_confirmed`), then the verdict."""
     outcome, first = ctx.launch_confirmed(first_targets(stage, ctx.spec, stage.nodes or ctx.spec.site.nodes),
                                           nodes=stage.nodes, timeout_s=stage.timeout_s)
-    return after_retry(judge(outcome.as_dict(), expected_ranks=outcome.world_size, steps=stage.steps,
+    return after_retry(judge({**outcome.as_dict(), "progress": ctx.spec.trainer.progress},
+                             expected_ranks=outcome.world_size, steps=stage.steps,
                              startup_expected=ctx.spec.trainer.progress == "metrics"), first)
 
 
@@ -54,9 +55,8 @@ def judge(result: dict[str, Any], *, expected_ranks: int, steps: int, startup_ex
     reported = sorted({int(r["rank"]) for r in startup.get("ranks", [])})
     numbers["ranks_reported"] = len(reported)
     missing = sorted(set(range(expected_ranks)) - set(reported))
-    if result.get("exit_class") == "stalled":
-        return Verdict(False, f"timed out after {result.get('duration_s', 0):.0f} s at step {result.get('last_step')}; "
-                       f"suspect nodes: {_names(result)}", numbers)
+    if result.get("exit_class") in ("stalled", "timed_out"):
+        return _stopped(result, numbers)
     if missing:
         return Verdict(False, f"{len(missing)} of {expected_ranks} ranks never reported (ranks {missing[:8]}); "
                        f"suspect nodes: {_names(result)}{where(result, 'startup.json')}", numbers)
@@ -81,8 +81,11 @@ def _steps_verdict(result: dict[str, Any], numbers: dict[str, Any], steps: int) 
     if bad:
         return losses, Verdict(False, f"non-finite loss at step {bad[0]}", numbers)
     if result.get("exit_code") != 0:
-        return losses, Verdict(False, f"trainer exited {result.get('exit_code')} ({result.get('exit_class')}) at "
-                               f"step {result.get('last_step')}{_log(result)}", numbers)
+        return losses, Verdict(False, f"trainer exited {result.get('exit_code')} ({result.get('exit_class')}) "
+                               f"{at_step(result.get('last_step'))}{_log(result)}", numbers)
+    if not losses and result.get("progress") == "stdout":
+        return losses, Verdict(False, f"the trainer exited 0 without a line that trainer.step_pattern matches in "
+                               f"rank 0's output ({result.get('log')}){last_output_line(result)}", numbers)
     if len(losses) < steps:
         return losses, Verdict(False, f"only {len(losses)} of {steps} steps reported a loss"
                                f"{where(result, 'metrics.jsonl')}", numbers)
@@ -91,15 +94,29 @@ def _steps_verdict(result: dict[str, Any], numbers: dict[str, Any], steps: int) 
 
 def _judge_exits(result: dict[str, Any], numbers: dict[str, Any], expected_ranks: int, steps: int) -> Verdict:
     """A trainer without startup.json: every rank must exit 0 with finite losses for every step."""
-    if result.get("exit_class") == "stalled":
-        return Verdict(False, f"timed out after {result.get('duration_s', 0):.0f} s at step {result.get('last_step')}; "
-                       f"suspect nodes: {_names(result)}", numbers)
+    if result.get("exit_class") in ("stalled", "timed_out"):
+        return _stopped(result, numbers)
     numbers["not_checked"] = NOT_CHECKED
+    if result.get("killed_by") == "exit_hung" and result.get("stall"):  # every rank must exit in a smoke test
+        return Verdict(False, f"{result['stall']}; suspect nodes: {_names(result)}{_log(result)}", numbers)
     losses, failed = _steps_verdict(result, numbers, steps)
     if failed is not None:
         return failed
+    rows = result.get("metrics") or []
+    if rows and rows[0]["step"] == 0:  # detection: it counts from 0, and trained one step more than asked
+        return Verdict(False, f"the trainer's first step line says step 0 and it reported {len(rows)} steps for "
+                       f"{steps} asked: it counts from 0; set trainer.first_step: 0 (then it gets {{max_steps}} = "
+                       f"steps - 1 and its step N is recorded as N + 1){_log(result)}", numbers)
     return Verdict(True, f"{expected_ranks}/{expected_ranks} ranks exited 0; {steps} steps, loss {losses[-1]:.4f} "
                    f"finite; not checked: {NOT_CHECKED}", numbers)
+
+
+def _stopped(result: dict[str, Any], numbers: dict[str, Any]) -> Verdict:
+    """A launch the supervisor stopped: a stall (no progress), or the hard timeout (exit 124)."""
+    what = "stalled" if result.get("exit_class") == "stalled" else "hit the hard timeout"
+    reason = f" [{result['stall']}]" if result.get("stall") else ""
+    return Verdict(False, f"{what} after {result.get('duration_s', 0):.0f} s {at_step(result.get('last_step'))}; "
+                   f"exit {result.get('exit_code')}{reason}; suspect nodes: {_names(result)}{_log(result)}", numbers)
 
 
 NOT_CHECKED = ("each rank's start-up and the all-reduce sum (the trainer writes no startup.json; "

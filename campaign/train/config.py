@@ -125,7 +125,13 @@ class TrainConfig(_Strict):
     reads rank 0's output with `step_pattern` and writes the rows for it (an unmodified script)."""
     step_pattern: str | None = None
     """With `progress: stdout`: a regex with named groups `step` and `loss` (optional `tokens`,
-    `step_time`), matched against each line of rank 0's output."""
+    cumulative, `tokens_per_s`, and `step_time` in seconds or `step_time_ms`), matched
+    against each line of rank 0's output."""
+    first_step: Literal[0, 1] = 1
+    """The number your trainer prints for its first step: 1, or 0 for scripts that count from
+    0 (nanoGPT, build-nanogpt print `iter 0` first). With 0, `{max_steps}` and
+    CAMPAIGN_MAX_STEPS are the last step in the trainer's numbering (steps - 1), so it trains
+    exactly the steps asked, and its printed step N is recorded as step N + 1."""
     checkpoints: CheckpointLayout | None = None
     """Your trainer's own checkpoint layout (default: `step-NNNNNNNN/` folders with `.complete`)."""
     resume_args: list[str] = []
@@ -221,8 +227,9 @@ class TrainConfig(_Strict):
         if self.rescue is True and self.command is not None:
             raise ValueError("trainer.rescue: only the built-in trainer saves a rescue checkpoint; set it to "
                              "false or auto for a command of your own")
-        if self.command is None and (self.progress != "metrics" or self.checkpoints or self.resume_args):
-            raise ValueError("trainer.command: progress, checkpoints and resume_args describe a trainer of your "
+        if self.command is None and (self.progress != "metrics" or self.checkpoints or self.resume_args
+                                     or self.first_step != 1):
+            raise ValueError("trainer.command: progress, first_step, checkpoints and resume_args describe a trainer of your "
                              "own; name its command")
         return self
 

@@ -187,6 +187,63 @@ def test_a_stalled_stdout_trainer_is_stopped_without_blaming_its_node_for_missin
     assert "no new step" in rep["stall"]
 
 
+def test_the_hard_timeout_is_its_own_class_not_a_stall(tmp_path: Path) -> None:
+    """Issue 27 item 4: a trainer still making progress when the attempt's timeout_s passes
+    ends `timed_out` (exit 124), and the reason says so, with the step it had reached."""
+    script = tmp_path / "slow.py"
+    script.write_text("import time\nfor s in range(1, 1000):\n    print(f'iter {s}: loss 2.0', flush=True)\n"
+                      "    time.sleep(0.1)\n")
+    spec = _spec([{"kind": "smoke"}], command=["{python}", str(script)], nodes=1, progress="stdout",
+                 step_pattern=r"iter (?P<step>\d+): loss (?P<loss>\S+)")
+    run_dir = tmp_path / "attempt-001"
+    run_dir.mkdir()
+    config = trainer_config(spec, Targets(steps=999), stage_dir=tmp_path, attempt=1)
+    (run_dir / "trainer.json").write_text(config.model_dump_json())
+    policy = WatchdogPolicy(startup_s=20, floor_s=5.0, warmup_steps=0, warmup_s=5.0, drill_s=0)
+    rep = supervise(build_request(spec.site, config, run_dir=run_dir, nodes=1, excluded=[], timeout_s=3,
+                                  master_port=None, spec_dir=tmp_path, watchdog=policy))
+    assert (rep["exit_class"], rep["exit_code"], rep["killed_by"]) == ("timed_out", 124, "timeout"), rep
+    assert rep["stall"].startswith("hard timeout of 3 s (the stage's timeout_s) at step ") and rep["last_step"] > 5
+
+
+def test_a_stage_that_crashes_in_the_driver_says_where_its_traceback_is(tmp_path: Path) -> None:
+    """Issue 27 item 7: the reference file went away after validation; the verdict names the
+    file holding the driver's whole traceback."""
+    (tmp_path / "plain.py").write_text(PLAIN_TRAINER)
+    spec = _spec([{"kind": "loss_check", "steps": 3, "window": 2, "timeout_s": 60,
+                   "reference": {"file": str(tmp_path / "gone.csv")}}],
+                 command=["{python}", str(tmp_path / "plain.py"), "--steps", "{max_steps}"], progress="stdout",
+                 step_pattern=r"iter (?P<step>\d+): loss (?P<loss>[\d.]+)")
+    engine = _engine(spec, tmp_path)
+    assert engine.submit() == 1
+    with engine.ledger.session() as s:
+        [run] = reads.current_stage_runs(s, reads.get_campaign(s, "inproc"))
+        verdict, numbers = run.verdict, dict(run.numbers or {})
+    path = tmp_path / "campaigns" / "inproc" / "loss_check" / "driver-traceback.txt"
+    assert verdict.startswith("stage crashed in the driver: SpecError") and f"(traceback: {path})" in verdict, verdict
+    assert "Traceback (most recent call last)" in path.read_text() and numbers["traceback_file"] == str(path)
+
+
+def test_a_resume_test_whose_trainer_never_saves_where_asked_stops_and_says_so(tmp_path: Path) -> None:
+    """Issue 27 item 2: the interrupted run used to train until its timeout and fail "stalled";
+    it is stopped once far past the interrupt step, and the verdict says which checkpoint never came."""
+    (tmp_path / "plain.py").write_text(PLAIN_TRAINER)
+    spec = _spec([{"kind": "resume_test", "checkpoint_step": 2, "interrupt_step": 3, "steps": 5,
+                   "signals": ["SIGKILL"], "timeout_s": 60}],
+                 command=["{python}", str(tmp_path / "plain.py"), "--steps", "{max_steps}"], progress="stdout",
+                 step_pattern=r"iter (?P<step>\d+): loss (?P<loss>[\d.]+)", checkpoints={"glob": "ckpt.pt"})
+    engine = _engine(spec, tmp_path)
+    t0 = time.monotonic()
+    assert engine.submit() == 1
+    with engine.ledger.session() as s:
+        [run] = reads.current_stage_runs(s, reads.get_campaign(s, "inproc"))
+        verdict = run.verdict
+    assert "the interrupted run (SIGKILL) reached step" in verdict and "without a complete checkpoint of step 2" \
+        in verdict and "(trainer.checkpoints.glob 'ckpt.pt'): the trainer must save at {checkpoint_at}" in verdict, \
+        verdict
+    assert time.monotonic() - t0 < 40, "stopped long before the 60 s timeout"
+
+
 FAKE_TRAINER = textwrap.dedent('''
     """A stdlib trainer honouring the contract; its behaviour is chosen per rank by env."""
     import os, signal, sys, time

@@ -142,6 +142,18 @@ def test_last_error_line_prefers_a_signature_then_an_error_then_the_last_line() 
     assert ev.last_error_line([]) is None
 
 
+def test_a_crash_quote_skips_warning_lines() -> None:
+    """Issue 27 item 4: nanoGPT's FutureWarning (and the source line under it) is no crash."""
+    log = ["iter 3: loss 3.4650, time 1.00ms, mfu 0.00%", "Traceback (most recent call last):",
+           '  File "train.py", line 9, in <module>', "RuntimeError: shapes do not match",
+           "/x/train.py:196: FutureWarning: `torch.cuda.amp.GradScaler(args...)` is deprecated. Please use "
+           "`torch.amp.GradScaler('cuda', args...)` instead.",
+           "  scaler = torch.cuda.amp.GradScaler(enabled=(dtype == 'float16'))",
+           "[W1205 06:50:01.123 ProcessGroupGloo.cpp:123] Warning: failed to do something harmless"]
+    assert ev.last_error_line(log) == "RuntimeError: shapes do not match"
+    assert ev.last_error_line(log[4:6] + ["bye"]) == "bye"
+
+
 def test_normalise_removes_what_differs_between_ranks() -> None:
     a = ev.normalise("[rank0]: RuntimeError: rank 0 on n1 failed at 0x7f00ab", ["n1", "n2"])
     b = ev.normalise("[rank5]: RuntimeError: rank 5 on n2 failed at 0x7f11cd", ["n1", "n2"])

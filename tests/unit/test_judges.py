@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -85,11 +86,36 @@ class TestSmoke:
         r = self.result(metrics=[{"step": 1, "loss": 5.0}, {"step": 2, "loss": math.inf}, {"step": 3, "loss": 5.0}])
         assert "non-finite loss at step 2" in smoke.judge(r, expected_ranks=2, steps=3).reason
 
-    def test_timeout_fails_with_suspects(self) -> None:
+    def test_a_stall_fails_with_suspects(self) -> None:
         r = self.result(exit_code=124, exit_class="stalled", duration_s=300.0,
                         suspects=[{"node": "x1", "reason": "no heartbeat"}])
         v = smoke.judge(r, expected_ranks=2, steps=3)
-        assert not v.passed and "timed out" in v.reason and "x1" in v.reason
+        assert not v.passed and "stalled after 300 s at step 3" in v.reason and "x1" in v.reason
+
+    def test_a_trainer_that_reported_no_step_is_quoted(self, tmp_path: Path) -> None:
+        """Issue 27: an unmodified script that exits 0 before any step says why in its output."""
+        log = tmp_path / "rank-0.log"
+        log.write_text("x.py:3: UserWarning: something\n  warn()\nUnable to locate sufficient 2 gpus. Exiting.\n"
+                       "/t.py:9: FutureWarning: deprecated\n  scaler = 1\n")
+        r = self.result(metrics=[], startup=None, last_step=None, progress="stdout", log=str(log))
+        v = smoke.judge(r, expected_ranks=2, steps=3, startup_expected=False)
+        assert not v.passed and "exited 0 without a line that trainer.step_pattern matches" in v.reason
+        assert v.reason.endswith("its last line: 'Unable to locate sufficient 2 gpus. Exiting.'"), v.reason
+
+    def test_a_trainer_counting_from_0_is_detected(self) -> None:
+        """Issue 27 item 5: without trainer.first_step: 0, nanoGPT reports steps 0..3 for 3 asked."""
+        r = self.result(metrics=[{"step": s, "loss": 5.0} for s in (0, 1, 2, 3)], startup=None, last_step=3)
+        v = smoke.judge(r, expected_ranks=2, steps=3, startup_expected=False)
+        assert not v.passed and "reported 4 steps for 3 asked: it counts from 0; set trainer.first_step: 0" in v.reason
+
+    def test_the_hard_timeout_is_its_own_class_and_says_so(self) -> None:
+        """Issue 27 item 4: exit 124 from the hard timeout is not a stall; never "step None"."""
+        r = self.result(exit_code=124, exit_class="timed_out", duration_s=120.0, last_step=None, metrics=[],
+                        stall="hard timeout of 120 s (the stage's timeout_s) at step none, 118 s after the last progress")
+        for v in (smoke.judge(r, expected_ranks=2, steps=3), smoke.judge(r, expected_ranks=2, steps=3,
+                                                                       startup_expected=False)):
+            assert not v.passed and "hit the hard timeout after 120 s before its first step; exit 124" in v.reason
+            assert "hard timeout of 120 s (the stage's timeout_s)" in v.reason and "None" not in v.reason
 
 
 class TestScaling:
@@ -146,6 +172,23 @@ class TestScaling:
         assert row["step_time_s"] == pytest.approx(1.065)
         assert row["comm_share"] == pytest.approx(0.25 / 1.065)
         assert row["mem_peak_gib"] == 10.0 and row["last_loss"] == pytest.approx(4.0)
+
+    def test_without_tokens_per_s_the_verdict_says_so_instead_of_crashing(self) -> None:
+        """Issue 27 item 1: a trainer read through its output reports no tokens/s; the judge
+        formatted None into its summary (TypeError) before it got to say so."""
+        rows = self.rows([100, 200, 400], [3.0, 3.0, 3.0])
+        for r in rows:
+            r.update(tokens_per_s=None, step_time_s=None)
+        v = scaling.judge(rows, self.stage, None)
+        assert not v.passed and "1 node(s): no tokens/s reported and no step time to derive it from" in v.reason
+
+    def test_tokens_per_s_from_step_times_and_tokens_per_step(self) -> None:
+        """Issue 27 item 1: tokens per step from the rows' cumulative tokens, else from the spec."""
+        rows = [{"step": s, "step_time_s": 0.5, "tokens": 256 * s, "loss": 3.0} for s in range(1, 11)]
+        assert scaling.measure(rows, nodes=2, warmup=2)["tokens_per_s"] == pytest.approx(512.0)
+        bare = [{**r, "tokens": 0} for r in rows]  # the stdout adapter's rows without a tokens group
+        assert scaling.measure(bare, nodes=2, warmup=2)["tokens_per_s"] is None
+        assert scaling.measure(bare, nodes=2, warmup=2, tokens_per_step=128)["tokens_per_s"] == pytest.approx(256.0)
 
     def test_strong_scaling_needs_a_divisible_batch(self) -> None:
         assert scaling.strong_micro_batch(8, 1, 4) == 2
@@ -233,6 +276,24 @@ class TestResumeTest:
         assert resume_test.judge([ok]).passed
         c = resume_test.compare("SIGKILL", self.ref, {"exit_code": 137}, self.resumed(first=1), 0.0, checkpoint_step=10)
         assert "started at step 1, not after the checkpoint of step 10" in resume_test.judge([c]).reason
+
+    def test_a_difference_says_why_when_the_losses_tell(self) -> None:
+        """Issue 27 item 3: nanoGPT reseeds at start: the model is restored (loss near the
+        reference's), the batches are not; a run whose first loss is a fresh start's is named too."""
+        reseeded = self.resumed()
+        reseeded["metrics"] = [{**m, "loss": m["loss"] + 0.003} for m in reseeded["metrics"]]  # type: ignore[attr-defined]
+        v = resume_test.judge([resume_test.compare("SIGKILL", self.ref, {"exit_code": 137}, reseeded, 0.0,
+                                                   checkpoint_step=10, own_checkpoint=True)])
+        assert not v.passed and "loss differs first at step 11" in v.reason
+        assert "the model was restored but not the batches" in v.reason and "reseeds its RNG" in v.reason, v.reason
+        fresh = self.resumed()
+        fresh["metrics"] = [{**m, "loss": 5.0 - (m["step"] - 10) / 100} for m in fresh["metrics"]]  # type: ignore[attr-defined]
+        v = resume_test.judge([resume_test.compare("SIGKILL", self.ref, {"exit_code": 137}, fresh, 0.0,
+                                                   checkpoint_step=10, own_checkpoint=True)])
+        assert "the model state may not have been restored" in v.reason, v.reason
+        v = resume_test.judge([resume_test.compare("SIGKILL", self.ref, {"exit_code": 137},
+                                                   self.resumed(shift=1e-7), 0.0, checkpoint_step=10)])
+        assert "steps 11-12 matched: the state was restored" in v.reason, v.reason
 
     def test_token_gap_is_caught(self) -> None:
         c = resume_test.compare("SIGKILL", self.ref, {"exit_code": 137}, self.resumed(tokens_off=10), 0.0)

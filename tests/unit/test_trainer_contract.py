@@ -101,6 +101,25 @@ def test_stdout_progress_needs_a_pattern_with_step_and_loss(run_cli: Any, tmp_pa
     assert code == 2 and "trainer.step_pattern: needs the named group(s) loss" in err
 
 
+def test_scaling_with_stdout_progress_needs_tokens_per_step_or_is_refused(run_cli: Any, tmp_path: Path) -> None:
+    """Issue 27 item 1: without tokens in the lines or a batch in the spec, tokens/s cannot be
+    derived: refused at validate, naming the stage and both ways out."""
+    head = ("name: x\ntrainer:\n  command: [python, t.py]\n  progress: stdout\n"
+            "  step_pattern: 'iter (?P<step>\\d+): loss (?P<loss>\\S+)'\n")
+    code, out, err = _validate(run_cli, tmp_path, head + "stages: [{kind: scaling, node_counts: [1, 2]}]\n")
+    assert code == 2 and out == ""
+    assert "stages[0]: a scaling stage cannot measure tokens/s" in err and "(?P<tokens>...)" in err, err
+    assert "trainer.micro_batch_size" in err
+    code, _, err = _validate(run_cli, tmp_path, head + "  micro_batch_size: 4\nstages: [{kind: scaling, node_counts: [1, 2]}]\n")
+    assert code == 0, err
+    tokens = head.replace("(?P<loss>\\S+)", "(?P<loss>\\S+) tokens (?P<tokens>\\d+)")
+    code, _, err = _validate(run_cli, tmp_path, tokens + "stages: [{kind: scaling, node_counts: [1, 2]}]\n")
+    assert code == 0, err
+    rate = head.replace("(?P<loss>\\S+)", "(?P<loss>\\S+) tok/s (?P<tokens_per_s>\\S+)")
+    code, _, err = _validate(run_cli, tmp_path, rate + "stages: [{kind: scaling, node_counts: [1, 2]}]\n")
+    assert code == 0, err
+
+
 def test_validate_warns_about_fields_a_custom_command_ignores(run_cli: Any, tmp_path: Path) -> None:
     code, out, err = _validate(run_cli, tmp_path, "name: x\nmodel: {size: small}\ntrainer:\n  command: [python, t.py]\n"
                                                   "  lr: 0.1\n  checkpoint_every: 5\nstages: [{kind: smoke}]\n")
@@ -140,3 +159,118 @@ def test_progress_lines_are_read_from_an_offset_leaving_a_partial_line(tmp_path:
         f.write("ss 1.9, 0.5s\n")
     rows, _ = report.read_progress_lines(log, pattern, offset)
     assert rows == [{"step": 3, "loss": 1.9, "step_time_s": 0.5}]
+    ms = re.compile(r"iter (?P<step>\d+): loss (?P<loss>\S+), time (?P<step_time_ms>[\d.]+)ms")  # nanoGPT's line
+    log.write_text("iter 0: loss 3.4675, time 441.38ms, mfu -100.00%\n")
+    assert report.read_progress_lines(log, ms)[0] == [{"step": 0, "loss": 3.4675, "step_time_s": 0.44138}]
+    bng = re.compile(r"step +(?P<step>\d+) \| loss: (?P<loss>\S+) \|.*tok/sec: (?P<tokens_per_s>[\d.]+)")  # build-nanogpt
+    log.write_text("step     0 | loss: 10.955 | lr 6.0000e-06 | norm: 15.4 | dt: 120.50ms | tok/sec: 4350.86\n")
+    assert report.read_progress_lines(log, bng)[0] == [{"step": 0, "loss": 10.955, "tokens_per_s": 4350.86}]
+
+
+def test_a_trainer_counting_from_0_trains_exactly_the_steps_asked(tmp_path: Path) -> None:
+    """Issue 27 item 5: nanoGPT prints `iter 0` first and trains through --max_iters; with
+    `first_step: 0` it gets steps - 1 and its printed step N is recorded as step N + 1."""
+    from campaign import report
+    from campaign.supervisor import ProgressAdapter
+
+    trainer = {"command": ["python", "t.py", "--max_iters={max_steps}"], "progress": "stdout", "first_step": 0,
+               "step_pattern": r"iter (?P<step>\d+): loss (?P<loss>\S+),"}
+    req = _request(_spec(trainer), tmp_path, Targets(steps=5))
+    assert req.argv[-1] == "--max_iters=4" and req.env["CAMPAIGN_MAX_STEPS"] == "4"
+    run_dir = Path(req.run_dir)
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "logs" / "rank-0.log").write_text("".join(f"iter {i}: loss 3.5, time 1ms\n" for i in range(5)))
+    adapter = ProgressAdapter.for_request(req)
+    assert adapter is not None
+    adapter.poll(100.0)
+    rows, _ = report.read_metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    one = _request(_spec({**trainer, "first_step": 1}), tmp_path, Targets(steps=5))
+    assert one.argv[-1] == "--max_iters=5"
+
+
+def test_a_single_file_checkpoint_gets_the_step_reported_when_it_was_saved(tmp_path: Path) -> None:
+    """Issue 27 item 2: nanoGPT rewrites one `ckpt.pt` (no step in the name): its step is
+    bounded by the steps printed before and after its mtime, and is the one in that range the
+    trainer was asked to save at; noted while the supervisor watches, never guessed."""
+    import os
+
+    layout = _spec({"command": ["python", "t.py"], "checkpoints": {"glob": "rank0/ckpt.pt"}}).trainer.checkpoints
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "rank0").mkdir(parents=True)
+    t0 = 1_800_000_000.0
+    seen = [(s, t0 + s - 1, t0 + s) for s in range(1, 13)]  # one line per poll: step s read at t0 + s
+    with zipfile.ZipFile(ckpt / "rank0" / "ckpt.pt", "w") as z:
+        z.writestr("data.pkl", b"x")
+    os.utime(ckpt / "rank0" / "ckpt.pt", (t0 + 5.5, t0 + 5.5))
+    assert [c["step"] for c in contract.list_checkpoints(layout, ckpt)] == [None], "unknown until noted"
+    contract.note_checkpoint_steps(layout, ckpt, seen)  # step 6 may have been printed before it, or after
+    assert [c["step"] for c in contract.list_checkpoints(layout, ckpt)] == [None]
+    every5 = contract.expected_saves(5, ())
+    contract.note_checkpoint_steps(layout, ckpt, seen, expected=every5)
+    assert [(c["step"], c["complete"]) for c in contract.list_checkpoints(layout, ckpt)] == [(5, True)]
+    os.utime(ckpt / "rank0" / "ckpt.pt", (t0 + 10.5, t0 + 10.5))  # saved again in place
+    contract.note_checkpoint_steps(layout, ckpt, seen, expected=every5)
+    assert contract.newest_complete(layout, ckpt)["step"] == 10  # type: ignore[index]
+    assert contract.checkpoint_since(layout, ckpt, 10, since=0) is not None
+    assert contract.checkpoint_since(layout, ckpt, 11, since=0) is None
+
+
+def test_the_step_at_a_save_read_in_the_same_poll_as_its_neighbours() -> None:
+    """Steps 1-7 read in one poll (0, 10] with the save at 4 inside it: only the step the
+    trainer was asked to save at fits; without that, or with two that fit, it stays unknown."""
+    seen = [(s, 0.0, 10.0) for s in range(1, 8)]
+    every4 = contract.expected_saves(4, ())
+    assert contract.step_at_save(5.0, seen, every4) == 4
+    assert contract.step_at_save(5.0, seen, contract.expected_saves(0, (4,))) == 4
+    assert contract.step_at_save(5.0, seen, None) is None
+    assert contract.step_at_save(5.0, seen, contract.expected_saves(2, ())) is None  # 2, 4 and 6 fit
+    assert contract.step_at_save(5.0, seen[:3], every4) is None  # nothing read after it yet: may still narrow
+    later = seen + [(8, 10.0, 20.0), (9, 20.0, 30.0)]
+    assert contract.step_at_save(25.0, later, every4) == 8  # printed before 20, after 20: exactly 8
+
+
+def test_a_timestamp_in_a_folder_name_is_never_read_as_a_step(tmp_path: Path) -> None:
+    """Issue 27 item 2: FSDP2's example saves DCP folders named by unix time in ms."""
+    import os
+
+    layout = _spec({"command": ["python", "t.py"], "checkpoints": {
+        "glob": "checkpoints/dtensor_api/*", "complete": "marker", "marker": "optim_state_dict.pt"}}).trainer.checkpoints
+    for i, stamp in enumerate((1_764_900_000_123, 1_764_900_009_456)):
+        folder = tmp_path / "checkpoints" / "dtensor_api" / str(stamp)
+        folder.mkdir(parents=True)
+        (folder / "optim_state_dict.pt").write_bytes(b"x")
+        os.utime(folder, (1000 + i, 1000 + i))
+    found = contract.list_checkpoints(layout, tmp_path)
+    assert [c["step"] for c in found] == [None, None] and found[-1]["path"].endswith("1764900009456")
+    # the run started after both were written: neither is this run's checkpoint
+    assert contract.checkpoint_since(layout, tmp_path, 10, since=2000) is None
+    assert contract.checkpoint_since(layout, tmp_path, 10, since=1001) is not None
+
+
+def test_a_resume_test_no_checkpoint_can_satisfy_is_refused_at_validate(run_cli: Any, tmp_path: Path) -> None:
+    """Issue 27 item 2: before any node is spent."""
+    text = ("name: x\ntrainer:\n  command: [python, t.py]\n  progress: stdout\n"
+            "  step_pattern: 'iter (?P<step>\\d+): loss (?P<loss>\\S+)'\nstages: [{kind: resume_test}]\n")
+    code, out, err = _validate(run_cli, tmp_path, text)
+    assert code == 2 and out == ""
+    assert "stages[0]: the resume test cannot run with this trainer" in err and "trainer.checkpoints" in err, err
+    code, _, err = _validate(run_cli, tmp_path, text.replace("stages:", "  checkpoints: {glob: ckpt.pt}\nstages:"))
+    assert code == 0, err
+
+
+def test_step_times_narrow_when_lines_read_in_one_poll_were_printed() -> None:
+    """Lines 1-11 read in one poll (0, 6.5] with nanoGPT's step times (a save of step 8 took 1 s
+    inside step 9's): the bounds put 8 before the save, so step 8 is the only save step left."""
+    from campaign.supervisor import printed_between
+
+    times = {s: 0.3 for s in range(1, 12)}
+    times[9] = 1.3  # eval + save + the step: nanoGPT's dt runs from one step's end to the next's
+    rows = [{"step": s, "loss": 3.0, "step_time_s": times[s]} for s in range(1, 12)]
+    seen = printed_between(rows, 0.0, 6.5)
+    assert seen[-1] == (11, pytest.approx(4.0), 6.5) and seen[7] == (8, pytest.approx(2.1), pytest.approx(4.6))
+    assert all(a <= b for _, a, b in seen)
+    # true times: line s at 2.0 + 0.3 s (s <= 8), the save ending at 5.3, lines 9-11 at 5.6, 5.9,
+    # 6.2: without step times any of 1-11 could have been printed after the save (4 or 8?)
+    assert contract.step_at_save(5.3, [(s, 0.0, 6.5) for s in range(1, 12)], contract.expected_saves(4, ())) is None
+    assert contract.step_at_save(5.3, seen, contract.expected_saves(4, ())) == 8
