@@ -53,6 +53,12 @@ from typing import Any, Iterator
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _target import Targets  # noqa: E402
+
+TARGET_ETTR = 0.9
+"""ETTR of our policy at a fault every ~100 step times (issue 16, issue 28)."""
+
 MODEL = {"size": "tiny", "n_layer": 4, "d_model": 512, "n_head": 4, "seq_len": 256}
 """A step of ~1.1 s on 2 CPU cores, most of it gloo's all-reduce: a step of a real run's order, so
 a fault every 100 step times is one every ~2 minutes (`--d-model 256 --seq-len 128`: ~0.15 s
@@ -251,6 +257,9 @@ def main() -> None:
     if "ours" in ettr and "no rescue" in ettr and ettr["no rescue"]:
         line += f"  (no rescue {ettr['no rescue']:.3f}: rescue {ettr['ours'] / ettr['no rescue']:.2f}x)"
     print(line)
+    targets = Targets("goodput")
+    targets.check(f"ETTR of {first} at a fault every ~{args.mean_steps:g} steps", ettr[first], ">=", TARGET_ETTR)
+    targets.exit()
 
 
 if __name__ == "__main__":
