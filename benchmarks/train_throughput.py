@@ -190,14 +190,16 @@ def main(argv: list[str] | None = None) -> None:
         if len(rows) == 2:
             ratio = rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"]
             print(f"ratio vs baseline ({rows[1]['variant']}): {ratio:.3f}x tokens/s")
-            targets.check(f"tokens/s of {rows[0]['variant']} / {rows[1]['variant']}", ratio, ">=", TARGET_RATIO, "x")
+            if rows[0]["variant"] != rows[1]["variant"]:  # at one rank both train the model unwrapped
+                targets.check(f"tokens/s of {rows[0]['variant']} / {rows[1]['variant']}", ratio, ">=", TARGET_RATIO, "x")
     tdist.barrier()
     dist.teardown()
     if env.rank != 0:
         return
     if not targets.verdicts:
-        skip("train_throughput", f"no target judged: no baseline in this run (--baseline {args.baseline}, "
-                                 f"world size {env.world_size})")
+        skip("train_throughput", f"no target judged: no baseline other than the variant itself in this run "
+                                 f"(--baseline {args.baseline}, world size {env.world_size}: one rank trains the "
+                                 f"model unwrapped, so the wrapper's cost needs torchrun with 2+ ranks)")
     targets.exit()
 
 

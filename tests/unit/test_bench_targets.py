@@ -56,3 +56,39 @@ def test_every_benchmark_judges_a_target(path: Path) -> None:
     assert calls & {"check", "require"}, f"{path.name}: judges no target"
     assert "exit" in calls or "finish" in calls, f"{path.name}: never exits through its targets"
     assert "'met' if" not in path.read_text(), f"{path.name}: a verdict of its own, not the helper's"
+def test_bench_smoke_runs_every_benchmark() -> None:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _smoke
+    finally:
+        sys.path.remove(str(BENCH))
+    listed = {s.script for s in _smoke.SMOKES}
+    assert listed == {p.name for p in SCRIPTS}, "benchmarks/_smoke.py must list every benchmark, and only those"
+    assert all(not s.misses or s.why for s in _smoke.SMOKES), "an expected miss needs its reason"
+    assert "_smoke.py" in (BENCH.parent / "Makefile").read_text()
+    assert "make bench-smoke" in (BENCH.parent / ".ci" / "run").read_text()
+
+
+@pytest.mark.parametrize(("prints", "rc", "misses", "may_miss", "ok"), [
+    (["target a: 1 <= 2: met"], 0, (), (), True),
+    (["target a: 3 <= 2: MISSED"], 1, (), (), False),                      # a miss nobody expected
+    (["target a: 3 <= 2: MISSED"], 1, ("a:",), (), True),                  # the expected miss
+    (["target a: 1 <= 2: met"], 0, ("a:",), (), False),                    # expected to miss, now met
+    (["target a: 3 <= 2: MISSED", "target b: 3 <= 2: MISSED"], 1, ("a:",), (), False),  # b broke too
+    (["target a: 3 <= 2: MISSED", "target b: 3 <= 2: MISSED"], 1, ("a:",), ("b:",), True),
+    (["target a: 3 <= 2: MISSED"], 1, ("a:",), ("b:",), True),             # b may go either way
+    (["x: SKIPPED: no GPU"], 0, (), (), True),
+    ([], 3, (), (), False),                                                # crashed
+])
+def test_bench_smoke_judges_each_benchmark(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prints: list[str],
+                                           rc: int, misses: tuple[str, ...], may_miss: tuple[str, ...],
+                                           ok: bool) -> None:
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _smoke
+    finally:
+        sys.path.remove(str(BENCH))
+    (tmp_path / "fake.py").write_text(f"import sys\nprint({chr(10).join(prints)!r})\nsys.exit({rc})\n")
+    monkeypatch.setattr(_smoke, "BENCH", tmp_path)
+    _, judged, _, _ = _smoke.run(_smoke.Smoke("fake.py", misses=misses, may_miss=may_miss, why="test"))
+    assert judged is ok
