@@ -41,7 +41,8 @@ class Smoke:
 
 
 SMOKES = (
-    Smoke("ledger_scale.py", ("--rows", "1000", "10000", "--repeat", "1", "--no-postgres"), misses=("sqlite ingestion",),
+    Smoke("ledger_scale.py", ("--rows", "1000", "10000", "--repeat", "1", "--no-postgres"),
+          misses=("sqlite ingestion",),
           why="the ingestion target (>= 100,000 rows/s) is stated at 1,000,000 rows; 10,000 rows (two transactions) "
           "measure per-transaction costs: 19,600-57,200 rows/s on the shared 2-core VM"),
     Smoke("scale.py", ("--nodes", "64", "512", "--repeat", "1", "--no-postgres")),
@@ -60,7 +61,8 @@ SMOKES = (
               "docs/performance.md): issue 28, not fixed yet; the per-step ratio of ~15 ms steps is noise"),
     Smoke("goodput.py", ("--steps", "30", "--mean-steps", "25", "--seed", "7", "--repeats", "1", "--d-model", "128",
                          "--seq-len", "64"), misses=("mean ETTR",),
-          why="30 steps and one collective hang: start-up and the hang dominate so short a run (the target is stated for 300)"),
+          why="30 steps and one collective hang: start-up and the hang dominate so short a run (the target is "
+              "stated for 300)"),
     Smoke("rotary.py", ("--reps", "3")),
     Smoke("vs_nanogpt.py", ("--rehearsal", "--steps", "3", "--warmup", "1")),
     Smoke("gpu_throughput_in_campaign.py", ("--budget-s", "120",)),

@@ -79,4 +79,6 @@ def has_cuda() -> bool:
 
 
 def _fmt(x: float) -> str:
-    return f"{x:,.0f}" if isinstance(x, (int, float)) and abs(x) >= 1000 else f"{x:.4g}" if isinstance(x, float) else str(x)
+    if isinstance(x, (int, float)) and abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.4g}" if isinstance(x, float) else str(x)

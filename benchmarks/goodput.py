@@ -187,7 +187,8 @@ def met_all(out: dict[str, Any], faults: list[dict[str, Any]]) -> bool:
     """Fault k fires in attempt k: the run met every fault, and only those, when its first
     len(faults) attempts failed and attempt len(faults) + 1 finished the stage."""
     c = out["classes"]
-    return out["passed"] and len(c) == len(faults) + 1 and all(x != "succeeded" for x in c[:-1]) and c[-1] == "succeeded"
+    return (out["passed"] and len(c) == len(faults) + 1 and all(x != "succeeded" for x in c[:-1])
+            and c[-1] == "succeeded")
 
 
 def _step_times(run_dir: str | None) -> dict[int, float]:
@@ -238,7 +239,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = [head]
     for r in rows:
         g = r["goodput"]
-        lines.append(f"{r['label']:<12} {r.get('repeat', 1):>3} {'yes' if r['passed'] else 'NO':>4} {r['attempts']:>3} {g['wall_s']:>7.1f} "
+        lines.append(f"{r['label']:<12} {r.get('repeat', 1):>3} {'yes' if r['passed'] else 'NO':>4} {r['attempts']:>3} "
+                     f"{g['wall_s']:>7.1f} "
                      f"{g['productive_s']:>7.1f} {g['ettr'] or 0:>6.3f} "
                      + " ".join(f"{g['lost'][k]:>10.1f}" for k in keys))
     return "\n".join(lines)
