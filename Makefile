@@ -2,6 +2,7 @@
 #   make demo   set up .venv, then run the whole local campaign (examples/local.yaml) and show its status
 #   make test   set up .venv and the system packages the tests use, then run the test suite
 #   make wheel-check   the built wheel, installed without extras, runs the local campaign
+#   make bench-smoke   every benchmark at its smallest setting: each prints its target, exit 1 on a miss
 # TORCH is what gets installed when the venv has no torch yet; on a machine whose torch
 # is already suitable (e.g. a venv made with --system-site-packages on Aurora) nothing is replaced.
 
@@ -10,7 +11,7 @@ PY    := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-fast wheel-check setup system-deps clean
+.PHONY: demo test test-fast wheel-check bench-smoke setup system-deps clean
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/campaign submit examples/local.yaml
@@ -26,6 +27,11 @@ test-fast: $(VENV)/.installed
 # examples/local.yaml from a temp dir outside the tree and plot it (.ci/wheel-check; ~3 min).
 wheel-check: $(VENV)/.installed
 	PY=$(PY) TORCH="$(TORCH)" bash .ci/wheel-check
+
+# Every benchmark in benchmarks/ at its smallest setting (benchmarks/_smoke.py lists them and
+# their arguments; GPU-only ones skip with the reason on a machine without one). ~4 min on 2 cores.
+bench-smoke: $(VENV)/.installed system-deps
+	$(PY) benchmarks/_smoke.py $(BENCH)
 
 setup: $(VENV)/.installed
 

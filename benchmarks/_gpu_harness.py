@@ -27,7 +27,10 @@ import tarfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _target import Targets, skip  # noqa: E402
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 NODE_COUNTS = (1, 2, 4, 8)
@@ -126,6 +129,8 @@ def start(args: argparse.Namespace, title: str, specs: list[dict[str, Any]]) -> 
         raise SystemExit(0)
     have = gpu_count()
     say(f"GPUs listed by nvidia-smi: {have}; using {args.gpus} on {args.device}")
+    if args.device == "cuda" and have == 0:
+        skip(Path(sys.argv[0]).stem, "no GPU (nvidia-smi lists none); --rehearsal runs the harness on CPU")
     if args.device == "cuda" and have < args.gpus:
         say(f"error: --gpus {args.gpus} but this machine has {have}")
         raise SystemExit(2)
@@ -327,8 +332,9 @@ def scaling_report(run: Run, name: str, res: dict[str, Any], heading: str,
 
 # --- outputs -----------------------------------------------------------------------------------
 
-def finish(run: Run, lines: list[str], ok: bool) -> int:
-    """Write summary.md/.json, steps.csv, attempts.csv and runs.tar.gz to --out; print the summary."""
+def finish(run: Run, lines: list[str], targets: Targets) -> NoReturn:
+    """Write summary.md/.json, steps.csv, attempts.csv and runs.tar.gz to --out; print the summary,
+    then the targets' verdicts; exit 1 if one was missed."""
     run.result["nvidia_smi_final"] = nvidia_smi_text()
     head = [f"# {run.title} ({run.args.gpus} GPU(s), {run.args.device})", "",
             f"environment: {json.dumps(run.result.get('environment'))}", ""]
@@ -338,7 +344,9 @@ def finish(run: Run, lines: list[str], ok: bool) -> int:
     _merge_exports(run.workdir, run.out)
     _tar_runs(run.workdir, run.out / "runs.tar.gz")
     print(text, flush=True)
-    return 0 if ok else 1
+    run.result["targets"] = [{"target": line, "met": met} for line, met in targets.verdicts]
+    (run.out / "summary.json").write_text(json.dumps(run.result, indent=1, default=str))
+    targets.exit()
 
 
 def _merge_exports(workdir: Path, out: Path) -> None:

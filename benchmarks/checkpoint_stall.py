@@ -44,8 +44,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _target import Targets  # noqa: E402
 from campaign import report  # noqa: E402
+
+TARGET_RATIO = 0.10
+"""An asynchronous checkpoint stalls training at most 10% of what a synchronous one does."""
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -159,7 +164,7 @@ def say(msg: str) -> None:
     print(f"[{Path(sys.argv[0]).stem}] {msg}", flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     say(versions())
     say(f"size {args.size}, {args.parallelism}, micro-batch {args.micro_batch}, compile {args.compile}, "
@@ -190,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": results, "ratio": ratio}, indent=2))
     print(f"async/sync stall per checkpoint: {ratio:.3f}", flush=True)
-    return 0
+    targets = Targets("checkpoint_stall")
+    targets.check("async/sync stall per checkpoint", ratio, "<=", TARGET_RATIO)
+    targets.exit()
 
 
 if __name__ == "__main__":

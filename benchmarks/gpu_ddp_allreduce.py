@@ -41,14 +41,16 @@ def spec(args: argparse.Namespace) -> dict[str, Any]:
         [h.scaling_stage(args, steps=15, reference=None)])
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
     args = h.parse_scaling(__doc__, 300.0, argv)
     run = h.start(args, "Gradient all-reduce under DDP", [spec(args)])
     res = run.campaign(spec(args), reserve_s=25)
     heading = f"### Scaling under DDP ({args.size}, bf16 autocast, weak, {args.micro_batch} seq/GPU)"
     lines = h.scaling_report(run, NAME, res, heading, [("tokens_per_s", "tokens/s per GPU", True),
                                                          ("comm_time_s", "all-reduce time", False)])
-    return h.finish(run, lines, ok=res["submit"]["exit_code"] == 0)
+    targets = h.Targets("gpu_ddp_allreduce")
+    targets.require("campaign passed (weak scaling >= 0.8x one GPU, the all-reduce measured)", res["submit"]["exit_code"] == 0, f"campaign submit exit {res['submit']['exit_code']}")
+    h.finish(run, lines, targets)
 
 
 if __name__ == "__main__":

@@ -271,7 +271,7 @@ def budget_ratios(drill: dict[str, Any]) -> str:
 
 # --- main ---------------------------------------------------------------------------------------
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     run = h.start(args, "Hang drill", [spec(args)])
     with GpuMonitor() as mon:
@@ -291,7 +291,18 @@ def main(argv: list[str] | None = None) -> int:
                                  f"{a['first_step']}-{a['last_step']}" for a in drill["attempts"]), "",
         f"Ratio vs baseline: latencies in median step times ({fmt(drill['median_step_s'], '.4f')} s, this run) "
         f"in the table; detection / watchdog budget: {budget_ratios(drill)}"]
-    return h.finish(run, lines, ok=res["submit"]["exit_code"] == 0)
+    targets = h.Targets("gpu_hang_drill")
+    targets.require("campaign passed (relaunched from the last checkpoint, finished)", res["submit"]["exit_code"] == 0,
+                    f"campaign submit exit {res['submit']['exit_code']}")
+    for r in drill["stalls"]:
+        if r["detected_after_s"] is None or not r["budget_s"]:
+            targets.require(f"attempt {r['attempt']}: stall detected", False, "no detection latency recorded")
+        else:
+            targets.check(f"attempt {r['attempt']}: detection / watchdog budget", r["detected_after_s"] / r["budget_s"],
+                          "<=", 1.0, "x")
+    if not drill["stalls"]:
+        targets.require("both injected hangs detected", False, "no stall in the ledger")
+    h.finish(run, lines, targets)
 
 
 if __name__ == "__main__":

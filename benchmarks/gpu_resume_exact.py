@@ -157,7 +157,7 @@ def resume_table(tests: dict[str, dict[str, Any]]) -> str:
 
 # --- main ---------------------------------------------------------------------------------------------
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     title = "Resume test" + (" (deterministic kernels forced)" if args.strict else "")
     run = h.start(args, title, [spec(args, "gpu-resume", 0.0)])
@@ -185,7 +185,11 @@ def main(argv: list[str] | None = None) -> int:
               "Ratio vs baseline: the largest loss difference after the resume over the drift between two fresh "
               "runs in the same test (0: bit for bit)."]
     first = next(iter(tests))
-    return h.finish(run, lines, ok=run.result[first]["submit"]["exit_code"] == 0)
+    targets = h.Targets("gpu_resume_exact")
+    code = run.result[first]["submit"]["exit_code"]
+    targets.require(f"{first} passed (resumed losses equal the uninterrupted run's)", code == 0,
+                    f"campaign submit exit {code}")
+    h.finish(run, lines, targets)
 
 
 if __name__ == "__main__":

@@ -48,14 +48,16 @@ def spec(args: argparse.Namespace) -> dict[str, Any]:
          h.scaling_stage(args, steps=20, reference=f"{NAME}/loss-check")])
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
     args = h.parse_scaling(__doc__, 540.0, argv)
     run = h.start(args, "In-campaign throughput (FSDP2)", [spec(args)])
     res = run.campaign(spec(args), reserve_s=30)
     heading = (f"### Scaling ({args.size}, {'bf16' if args.device == 'cuda' else 'fp32'}, FSDP2, weak, "
                f"{args.micro_batch} seq/GPU)")
     lines = h.scaling_report(run, NAME, res, heading, [("tokens_per_s", "tokens/s per GPU", True)])
-    return h.finish(run, lines, ok=res["submit"]["exit_code"] == 0)
+    targets = h.Targets("gpu_throughput_in_campaign")
+    targets.require("campaign passed (smoke all-reduce exact, loss check, weak scaling >= 0.8x one GPU)", res["submit"]["exit_code"] == 0, f"campaign submit exit {res['submit']['exit_code']}")
+    h.finish(run, lines, targets)
 
 
 if __name__ == "__main__":

@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from click.testing import CliRunner  # noqa: E402
 
+from _target import Targets  # noqa: E402
 from campaign.cli import main  # noqa: E402
 from campaign.ledger import Ledger, open_ledger  # noqa: E402
 from campaign.ledger import reads, writes  # noqa: E402
@@ -142,15 +144,15 @@ def main_() -> None:
         print(f"{db:<9} {rows:>10,} {r['ingest']:>14,.0f} {1000 * r['status']:>10.1f} {1000 * r['json']:>10.1f} "
               f"{1000 * r['plot']:>14.1f}")
     lo, hi = min(args.rows), max(args.rows)
+    targets = Targets("ledger_scale")
     for db in ("sqlite", "postgres"):
-        if (db, lo) in results and (db, hi) in results:
+        if (db, lo) in results and (db, hi) in results and lo != hi:
             a, b = results[(db, lo)], results[(db, hi)]
-            print(f"{db}: status {hi:,}/{lo:,} rows = {b['status'] / a['status']:.2f}x (target <= 1.5x); "
-                  f"--json {b['json'] / a['json']:.2f}x; plot query {b['plot'] / a['plot']:.2f}x")
+            print(f"{db}: --json {b['json'] / a['json']:.2f}x; plot query {b['plot'] / a['plot']:.2f}x")
+            targets.check(f"{db} status at {hi:,} / at {lo:,} rows", b["status"] / a["status"], "<=", 1.5, "x")
     if ("sqlite", hi) in results:
-        rate = results[("sqlite", hi)]["ingest"]
-        print(f"sqlite ingestion at {hi:,} rows: {rate:,.0f} rows/s (target >= 100,000): "
-              f"{'met' if rate >= 100_000 else 'NOT met'}")
+        targets.check(f"sqlite ingestion at {hi:,} rows", results[("sqlite", hi)]["ingest"], ">=", 100_000, " rows/s")
+    targets.exit()
 
 
 if __name__ == "__main__":

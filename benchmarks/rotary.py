@@ -31,6 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from campaign.train import rotary  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _target import Targets, skip  # noqa: E402
+
 SHAPES = {"gpt2-124m": (12, 1024, 12, 64), "1b": (16, 2048, 16, 128)}  # (B, T, H, D)
 
 
@@ -97,14 +100,15 @@ def measure(shape: str, reps: int) -> dict[str, float]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", action="append", choices=sorted(SHAPES), help="repeatable (default: both)")
     p.add_argument("--reps", type=int, default=100, help="timed runs per figure")
     args = p.parse_args(argv)
     if not torch.cuda.is_available() or not rotary.load_kernels():
-        sys.exit("needs a CUDA device and Triton (the kernels run on CUDA only; tests/train/test_rotary.py checks "
-                 "them on CPU in Triton's interpreter)")
+        skip("rotary", "needs a CUDA device and Triton (the kernels run on CUDA only; tests/train/test_rotary.py "
+                       "checks them on CPU in Triton's interpreter)")
+    targets = Targets("rotary")
     rate = _copy_rate(args.reps)
     print(f"# {torch.cuda.get_device_name()} torch={torch.__version__} copy rate {rate / 1e12:.2f} TB/s (read + write)")
     print("kernel time per call (profiler; wall by CUDA events, launch overhead included, in brackets)")
@@ -118,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{m['bwd_bytes'] / bwd / 1e9:9.2f} {m[side + '_fwd_wall']:11.3f} {m[side + '_step_wall']:11.3f}")
         print(f"ratio baseline/kernels at {shape} (kernel time): forward {m['baseline_fwd'] / m['kernels_fwd']:.2f}x, "
               f"forward+backward {m['baseline_step'] / m['kernels_step']:.2f}x (one layer; a step has n_layer)")
-    return 0
+        targets.check(f"{shape} forward, baseline/kernels time", m["baseline_fwd"] / m["kernels_fwd"], ">", 1.0, "x")
+        targets.check(f"{shape} forward+backward, baseline/kernels time", m["baseline_step"] / m["kernels_step"],
+                      ">", 1.0, "x")
+    targets.exit()
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ SCRIPT = ROOT / "examples" / "trainers" / "train_ddp.py"
 DESTROY = "dist.destroy_process_group()\n"
 RELEASE = "del model, optimizer\nimport gc\ngc.collect()\n"
 ABORT = "terminate called without an active exception"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _target import Targets  # noqa: E402
 
 
 def free_port() -> int:
@@ -78,6 +80,9 @@ def main(argv: list[str] | None = None) -> None:
     base = aborts["as written"]
     ratio = f"{aborts['released'] / base:.3f}" if base else "n/a (no abort in the baseline)"
     print(f"released/as written abort rate: {ratio}")
+    targets = Targets("teardown_abort")
+    targets.check("aborts of the released variant", aborts["released"], "==", 0)
+    targets.exit()
 
 
 if __name__ == "__main__":

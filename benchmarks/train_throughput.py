@@ -26,11 +26,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _target import Targets, skip  # noqa: E402
 import torch.distributed as tdist  # noqa: E402
 
 from campaign.train import dist, flops  # noqa: E402
 from campaign.train.model import GPT, SHAPES  # noqa: E402
 from campaign.train.parallelize import parallelize  # noqa: E402
+
+TARGET_RATIO = 0.9
+"""The parallel wrapper keeps >= 90% of the baseline's tokens/s ("costs little")."""
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -171,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     if env.device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    targets = Targets("train_throughput")
     rows = [measure(args, env, args.parallelism)]
     base = {"single": None if env.world_size == 1 else "skip",
             "other": "ddp" if args.parallelism == "fsdp" else "fsdp", "none": "skip"}[args.baseline]
@@ -182,10 +188,19 @@ def main(argv: list[str] | None = None) -> None:
               f"world={env.world_size} device={name} torch={torch.__version__}")
         print(table(rows))
         if len(rows) == 2:
-            print(f"ratio vs baseline ({rows[1]['variant']}): "
-                  f"{rows[0]['tokens_per_s'] / rows[1]['tokens_per_s']:.3f}x tokens/s")
+            ratio = rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"]
+            print(f"ratio vs baseline ({rows[1]['variant']}): {ratio:.3f}x tokens/s")
+            if rows[0]["variant"] != rows[1]["variant"]:  # at one rank both train the model unwrapped
+                targets.check(f"tokens/s of {rows[0]['variant']} / {rows[1]['variant']}", ratio, ">=", TARGET_RATIO, "x")
     tdist.barrier()
     dist.teardown()
+    if env.rank != 0:
+        return
+    if not targets.verdicts:
+        skip("train_throughput", f"no target judged: no baseline other than the variant itself in this run "
+                                 f"(--baseline {args.baseline}, world size {env.world_size}: one rank trains the "
+                                 f"model unwrapped, so the wrapper's cost needs torchrun with 2+ ranks)")
+    targets.exit()
 
 
 if __name__ == "__main__":

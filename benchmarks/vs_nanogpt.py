@@ -53,6 +53,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _target import Targets, has_cuda as _cuda, skip  # noqa: E402
+
 SHAPES = {  # name: (n_layer, n_head, d_model, seq_len, batch)
     "gpt2-124m": (12, 12, 768, 1024, 12),
     "1b": (24, 16, 2048, 2048, 16),
@@ -63,7 +66,8 @@ VOCAB = 50304
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nanogpt", type=Path, required=True, help="a checkout of karpathy/nanoGPT (its model.py)")
+    p.add_argument("--nanogpt", type=Path, default=os.environ.get("NANOGPT_DIR") or None,
+                   help="a checkout of karpathy/nanoGPT (its model.py; default $NANOGPT_DIR; without one: skipped)")
     p.add_argument("--shape", action="append", choices=sorted(SHAPES),
                    help="repeatable (default: gpt2-124m and 1b)")
     p.add_argument("--batch", type=int, default=None, help="sequences per step (default: the shape's)")
@@ -323,8 +327,13 @@ def main(argv: list[str] | None = None) -> None:
         return campaign_profiled(args.config)
     if args.side:
         return nanogpt_worker(args)
+    if args.nanogpt is None:
+        skip("vs_nanogpt", "no nanoGPT checkout: pass --nanogpt DIR or set NANOGPT_DIR (a clone of "
+                           "https://github.com/karpathy/nanoGPT)")
     if not (args.nanogpt / "model.py").is_file():
         sys.exit(f"--nanogpt {args.nanogpt}: no model.py there (a checkout of karpathy/nanoGPT)")
+    if not args.rehearsal and not _cuda():
+        skip("vs_nanogpt", "no CUDA device (--rehearsal runs both sides, tiny, on CPU)")
     shapes = args.shape or (["tiny"] if args.rehearsal else ["gpt2-124m", "1b"])
     import numpy as np
 
@@ -370,9 +379,14 @@ def main(argv: list[str] | None = None) -> None:
                   f"kernels {pr['kernel_ms']:.2f} ({kinds}), idle {pr['idle_ms']:.2f}")
             for name, count, ms in pr["top"][:25]:
                 print(f"#   {ms:8.3f} ms {count:4d}x  {name}")
+    targets = Targets("vs_nanogpt")
     for shape, ratio, own in ratios:
         print(f"ratio campaign/nanogpt at {shape}: {ratio:.3f}x tokens/s (wall between steps); "
               f"{own:.3f}x on the trainer's own step_time_s")
+        targets.check(f"campaign/nanogpt tokens/s at {shape} (issue 16: parity)", ratio, ">=", 1.0, "x")
+    if not ratios:
+        skip("vs_nanogpt", f"no target judged: one side only (--only {args.only})")
+    targets.exit()
 
 
 if __name__ == "__main__":
