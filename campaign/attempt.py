@@ -261,6 +261,7 @@ class StageContext:
         self.spec = engine.spec
         self.stage_dir = engine.run_root / run.name
         self._bad_rows: dict[int, dict[str, Any]] = {}  # attempt id -> summary["bad_metric_rows"] so far
+        self._read_at: dict[int, tuple[int, int]] = {}  # attempt id -> (next line, last valid step) of metrics.jsonl
 
     @property
     def ledger(self) -> Ledger:
@@ -419,7 +420,7 @@ class StageContext:
             rep, offset = self._supervise(request, attempt_id, steps)
         self.engine.current_run_dir = None
         self._ingest(attempt_id, run_dir, offset, steps, last=True)
-        return self._finish(attempt_id, number, run_dir, rep, ckpt)
+        return self._finish(attempt_id, number, run_dir, rep, ckpt, steps)
 
     def _supervise(self, request: AttemptRequest, attempt_id: int, steps: int) -> tuple[dict[str, Any], int]:
         """Start the supervisor through the engine's runner and ingest metrics until it returns."""
@@ -451,8 +452,11 @@ class StageContext:
         """Ingest metrics.jsonl from `offset`; returns the offset to go on from. While the
         ledger does not answer, the offset stays: the rows are ingested at a later tick
         (metrics.jsonl is the buffer), and the attempt goes on. `last`: the attempt has
-        ended, there is no later tick: retry through the outage (`Ledger.retrying`)."""
-        got = report.read_metrics_checked(run_dir, offset)
+        ended, there is no later tick: retry through the outage (`Ledger.retrying`).
+        Rows are checked (`report.check_metrics_row`, steps beyond `steps` or not going up):
+        a bad one is skipped and counted, and the driver warns once per attempt."""
+        line, after = self._read_at.get(attempt_id, (1, -1))
+        got = report.read_metrics_checked(run_dir, offset, line=line, after=after, max_step=steps)
         earlier = self._bad_rows.get(attempt_id)
         bad = report.bad_rows_summary(got, run_dir, earlier)
         if not (got.rows or got.bad):
@@ -470,6 +474,7 @@ class StageContext:
                     raise
                 self.engine.ledger_unreachable(e)
                 return offset  # read again at the next tick: nothing counted twice
+        self._read_at[attempt_id] = (got.line, got.last_step)
         if bad is not None and earlier is None:
             self.engine.progress.event(f"warning: {self.run.name} attempt {number}: {reads.bad_rows_line(bad)}")
         if bad is not None:
@@ -488,12 +493,15 @@ class StageContext:
             writes.record_bad_metric_rows(s, a, bad, first=earlier is None)
         return int(a.number)
 
-    def _finish(self, attempt_id: int, number: int, run_dir: Path, rep: dict[str, Any], ckpt: Path) -> AttemptOutcome:
-        checked = report.read_metrics_checked(run_dir)  # the whole file: the count of bad rows is exact
+    def _finish(self, attempt_id: int, number: int, run_dir: Path, rep: dict[str, Any], ckpt: Path,
+                steps: int) -> AttemptOutcome:
+        checked = report.read_metrics_checked(run_dir, max_step=steps)  # the whole file: the bad-row count is exact
         metrics, summary = checked.rows, _summary(rep)
         bad = report.bad_rows_summary(checked, run_dir)
         if bad is not None:
             summary["bad_metric_rows"] = bad
+        events = report.read_events_checked(run_dir)
+        bad_events = report.bad_rows_summary(events, run_dir, name=report.EVENTS_FILE)
         checkpoints = contract.list_checkpoints(self.spec.trainer.checkpoints, ckpt) if ckpt.exists() else []
         for unit in self.engine.writes("recording the attempt's end"):
             with unit as s:
@@ -505,7 +513,11 @@ class StageContext:
                                              path=str(ck["path"]), complete=bool(ck["complete"]))
                 writes.finish_attempt(s, a, state=rep["exit_class"], exit_code=rep["exit_code"],
                                       suspects=rep.get("suspects", []), summary=summary)
-                goodput.record_attempt(s, a, report.read_events(run_dir))
+                if bad_events is not None:
+                    writes.record_bad_event_rows(s, a, bad_events)
+                goodput.record_attempt(s, a, events.rows)
+        if bad_events is not None:
+            self.engine.progress.event(f"warning: {self.run.name} attempt {number}: {reads.bad_rows_line(bad_events)}")
         self.engine.progress.attempt_finished(self.run.name, number, rep)
         if rep.get("rescue"):
             self.event("rescue", rescue_message(rep["rescue"]), attempt_id=attempt_id, data=rep["rescue"])

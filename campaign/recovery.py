@@ -95,14 +95,20 @@ def adopt_orphan(s: Session, a: Attempt) -> dict[str, int]:
     every step of its metrics.jsonl (ingestion is idempotent) and its checkpoints, so the
     stage's totals and the relaunch's resume point agree with the disk."""
     run_dir = Path(a.run_dir)
-    checked = report.read_metrics_checked(run_dir)  # the whole file: the count of bad rows is exact
+    try:
+        run_cfg = json.loads((run_dir / "trainer.json").read_text())["run"]
+    except (OSError, ValueError, KeyError, TypeError):
+        run_cfg = {}
+    max_step = run_cfg.get("max_steps") if isinstance(run_cfg, dict) else None
+    max_step = max_step if isinstance(max_step, int) and 0 <= max_step < report.STEP_MAX else report.STEP_MAX
+    checked = report.read_metrics_checked(run_dir, max_step=max_step)  # the whole file: the bad-row count is exact
     steps = writes.ingest_steps(s, a, checked.rows)
     bad = report.bad_rows_summary(checked, run_dir)
     if bad is not None:
         writes.record_bad_metric_rows(s, a, bad, first=not (a.summary or {}).get("bad_metric_rows"))
     try:
-        ckpt_dir = Path(json.loads((run_dir / "trainer.json").read_text())["run"]["checkpoint_dir"])
-    except (OSError, ValueError, KeyError, TypeError):
+        ckpt_dir = Path(run_cfg["checkpoint_dir"])
+    except (KeyError, TypeError):
         return {"steps": steps, "checkpoints": 0}
     checkpoints = report.list_checkpoints(ckpt_dir) if ckpt_dir.is_dir() else []
     for ck in checkpoints:

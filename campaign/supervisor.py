@@ -341,6 +341,7 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
     interrupt = request.interrupt
     timeout = request.timeout_s
     offsets = {"metrics": 0, "events": 0}
+    max_step = _max_step(request)
     rescued: dict[str, Any] | None = None
     while True:
         now = time.time()
@@ -350,7 +351,7 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
                                  else None, rescue=rescued)
         if adapter is not None:
             adapter.poll(now)
-        _observe(run_dir, watch, offsets, now)
+        _observe(run_dir, watch, offsets, now, max_step=max_step)
         if (run_dir / STOP_FILE).exists():
             launch.stop(time.time)
             return _WatchOutcome(killed_by="stop")
@@ -434,8 +435,20 @@ def _rescuer(launch: _Launch, request: AttemptRequest, hosts: list[str], avoid_n
     return -1
 
 
-def _observe(run_dir: Path, watch: watchdog.Watch, offsets: dict[str, int], now: float) -> None:
-    rows, offsets["metrics"] = report.read_metrics(run_dir, offsets["metrics"])
+def _max_step(request: AttemptRequest) -> int:
+    """The attempt's last step (CAMPAIGN_MAX_STEPS): a metrics row past it is not progress."""
+    try:
+        return min(int(request.env.get("CAMPAIGN_MAX_STEPS", "")), report.STEP_MAX)
+    except ValueError:
+        return report.STEP_MAX
+
+
+def _observe(run_dir: Path, watch: watchdog.Watch, offsets: dict[str, int], now: float, *,
+             max_step: int = report.STEP_MAX) -> None:
+    """Read what the trainer appended (valid rows and events only: a bad line is skipped, the
+    driver counts it) and the heartbeats, into `watch`."""
+    rows, offsets["metrics"] = report.read_metrics(run_dir, offsets["metrics"], after=watch.last_step,
+                                                   max_step=max_step)
     watch.saw_steps(rows, now)
     events, offsets["events"] = report.read_events_from(run_dir, offsets["events"])
     watch.saw_events(events, now)
