@@ -483,6 +483,17 @@ class StageContext:
             self.engine.progress.steps(self.run.name, got.rows[-1], steps)
         return got.offset
 
+    def _record_fallbacks(self, attempt_id: int, number: int, events: list[dict[str, Any]]) -> None:
+        """A ledger event for each checkpoint the trainer skipped at its start (a checksum or
+        size that does not match meta.json, a failed load), naming the one it really loaded."""
+        loaded = next((str(e.get("path")) for e in events if e["event"] == "checkpoint_loaded"), None)
+        for e in events:
+            if e["event"] == "checkpoint_skipped":
+                data = {"path": str(e.get("path")), "why": str(e.get("why")), "loaded": loaded}
+                self.event("checkpoint_skipped", f"{self.run.name} attempt {number}: checkpoint {data['path']} skipped "
+                           f"({data['why']}); loaded {loaded or 'none: started from step 0'}",
+                           attempt_id=attempt_id, data=data)
+
     @staticmethod
     def _write_rows(s: Any, attempt_id: int, rows: list[dict[str, Any]], bad: dict | None, earlier: dict | None) -> int:
         """One unit of ingestion: the rows, and the bad-row count when it grew; the attempt's number."""
@@ -518,6 +529,7 @@ class StageContext:
                 goodput.record_attempt(s, a, events.rows)
         if bad_events is not None:
             self.engine.progress.event(f"warning: {self.run.name} attempt {number}: {reads.bad_rows_line(bad_events)}")
+        self._record_fallbacks(attempt_id, number, events.rows)
         self.engine.progress.attempt_finished(self.run.name, number, rep)
         if rep.get("rescue"):
             self.event("rescue", rescue_message(rep["rescue"]), attempt_id=attempt_id, data=rep["rescue"])

@@ -202,6 +202,21 @@ class Ledger:
     def display_url(self) -> str:
         return self.engine.url.render_as_string(hide_password=True)
 
+    def check_integrity(self) -> None:
+        """Raise a one-line LedgerError when a SQLite ledger fails `PRAGMA quick_check` (pages
+        that the open and the schema check never read may be bad: a driver must not build on
+        them). Postgres keeps its own checksums: nothing to do there."""
+        if self.engine.dialect.name != "sqlite":
+            return
+        try:
+            with self.engine.connect() as conn:
+                found = [str(r[0]) for r in conn.exec_driver_sql("PRAGMA quick_check(5)")]
+        except sa.exc.DBAPIError as e:  # so bad that the check itself stops
+            found = [str(e.orig)]
+        if found != ["ok"]:
+            raise LedgerError(f"the ledger at {self.display_url} fails PRAGMA quick_check ({found[0]}): restore it "
+                              "from a backup, or point --db / --workdir at another one")
+
 
 def open_ledger(url: str, *, create: bool = True, check: bool = True) -> Ledger:
     """Open the ledger at `url`. A new database is created and migrated when `create`

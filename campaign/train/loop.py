@@ -224,10 +224,11 @@ def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
 
     step, tokens, step_s = 0, 0, 0.0
     meta = None
+    skipped: list[dict[str, str]] = []  # newer checkpoints that failed their checksum or load
     if run.resume:
         rep.phase("checkpoint", 0)
         meta = checkpoint.load_latest(run.checkpoint_dir, model=model, optim=optim,
-                                      sched=tr.sched, device=env.device)
+                                      sched=tr.sched, device=env.device, skipped=skipped)
     if meta:
         step, tokens = meta["step"], meta["tokens"]
         sampler.position = meta["data_position"] + faults.data_shift(step)
@@ -237,9 +238,10 @@ def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
                 g["lr"] = base * lr_factor(t, step + 1)
     res.mark(step, tokens, sampler.position)
     rep.event("start", step, world_size=W, resumed=bool(meta), rescue=res.enabled, overlap_steps=overlap)
+    for sk in skipped:
+        rep.event("checkpoint_skipped", step, path=sk["path"], why=sk["why"])
     if meta:
-        rep.event("checkpoint_loaded", step, tokens=tokens,
-                  path=os.path.join(run.checkpoint_dir, report.checkpoint_name(step)))
+        rep.event("checkpoint_loaded", step, tokens=tokens, path=meta["path"])
 
     tokens_per_step = sampler.samples_per_step * sampler.seq_len
     queued: _Queued | None = None
