@@ -446,7 +446,15 @@ class StageContext:
         try:
             return future.result(), offset
         except Exception as e:  # the app itself failed: its block ended, or a bug/serialization problem
-            return _app_failure(e, run_dir), offset
+            # Its supervisor is gone (a lost worker: kill -9, the OOM killer) but the ranks it
+            # launched may train on: stop them, and see them gone, before anything relaunches
+            # into the same checkpoint folder; the last ingestion then takes all they wrote.
+            from campaign.recovery import stop_orphan
+
+            stopped = stop_orphan(run_dir, self.spec.site)
+            (run_dir / STOP_FILE).unlink(missing_ok=True)
+            rep = _app_failure(e, run_dir)
+            return {**rep, "error": f"{rep['error']}; {stopped}"}, offset
 
     def _ingest(self, attempt_id: int, run_dir: Path, offset: int, steps: int, *, last: bool = False) -> int:
         """Ingest metrics.jsonl from `offset`; returns the offset to go on from. While the

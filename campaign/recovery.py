@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -174,4 +175,27 @@ def _kill_group(pgid: int, run_dir: Path) -> bool:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         return False
+    _wait_gone(members, GONE_WAIT_S)
     return True
+
+
+GONE_WAIT_S = 10.0
+"""How long `_kill_group` waits for SIGKILLed processes to be gone (a relaunch must not start
+while one still writes into the checkpoint folder)."""
+
+
+def _wait_gone(pids: list[int], timeout: float) -> None:
+    """Wait until none of `pids` runs (a zombie counts as gone: it writes nothing)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        alive = []
+        for pid in pids:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state not in ("Z", "X"):
+                alive.append(pid)
+        if not alive:
+            return
+        time.sleep(0.05)

@@ -143,3 +143,37 @@ def test_the_interchange_dying_under_an_attempt_does_not_hang_the_driver(ws: Wor
     view = ledger_view(ws, "lostxchg")
     assert view["stage"] == "passed"
     assert any(k == "block_restarted" and "interchange exited" in m for k, m in view["events"]), view["events"]
+
+
+STEPS = 100
+SLOW = {"kind": "slow", "step": 1, "delay_s": 0.02}
+"""At least 20 ms a step: the lost attempt's ranks would still train when Parsl reports the loss."""
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_lost_worker_stops_its_ranks_before_the_relaunch(ws: Workspace) -> None:
+    """Issue 30, item 1: the Parsl worker that runs the supervisor is killed (kill -9, as the
+    OOM killer would). Before, the relaunch started while the lost supervisor's ranks trained
+    on into the same checkpoint folder, and their later rows were never ingested. Now the
+    driver stops those ranks (and waits for them) before it records `block_lost`, ingests
+    every row they wrote, and the relaunch starts after their last one."""
+    spec = ws.write_spec(tiny_spec("lostwkr", [long_run(steps=STEPS, checkpoint_every=10, faults=[SLOW])]))
+    p = ws.popen("submit", str(spec), CAMPAIGN_ALLOW_FAULTS="1")
+    first = ws.workdir / "lostwkr" / "long" / "attempt-001"
+    wait_for_steps(first / "metrics.jsonl", 15)
+    pids = json.loads((first / "pids.json").read_text())
+    worker = _parent(pids["pgids"][0])  # the launch's processes are the supervisor's children
+    os.kill(worker, signal.SIGKILL)
+    out = finish(p, 300, "the driver hung after the supervisor's worker died")
+    view = ledger_view(ws, "lostwkr")
+    assert view["stage"] == "passed" and view["attempts"][0]["state"] == "block_lost", out
+    rows = [[json.loads(line) for line in (ws.workdir / "lostwkr" / "long" / f"attempt-{i:03d}" / "metrics.jsonl")
+             .read_text().splitlines()] for i in (1, 2)]
+    assert [s for s, _ in view["attempts"][0]["steps"]] == [r["step"] for r in rows[0]], "every orphan row ingested"
+    assert rows[1][0]["time"] > rows[0][-1]["time"], "the relaunch began after the lost attempt's last step"
+    assert not trainers_of(first), "no rank of the lost attempt survives"
+    steps = {s for a in view["attempts"] for s, _ in a["steps"]}
+    assert steps == set(range(1, STEPS + 1)), "no step lost"
