@@ -82,7 +82,7 @@ class DriverLease:
         on the ledger's clock (PostgreSQL's server clock: a host whose own clock is wrong
         neither loses nor steals a lease)."""
         try:
-            with self.ledger.session() as s:
+            with self.ledger.session(fenced=False) as s:
                 c = s.get(Campaign, self.campaign_id)
                 assert c is not None
                 held = reads.get_lease(s, c)
@@ -97,6 +97,7 @@ class DriverLease:
                 raise
             raise CampaignConflict(f"another driver took the lease of campaign {self.campaign_id} at the same "
                                    "moment; watch it with `campaign status`") from None
+        self.ledger.fence = (self.campaign_id, self.token)  # every later write checks it (db._check_fence)
         self._thread = threading.Thread(target=self._renew, name="campaign-lease", daemon=True)
         self._thread.start()
 
@@ -122,7 +123,7 @@ class DriverLease:
     def _renew(self) -> None:
         while not self._stop.wait(RENEW_S):
             try:
-                with self.ledger.session() as s:
+                with self.ledger.session(fenced=False) as s:
                     kept = s.execute(sa.update(Lease).where(Lease.campaign_id == self.campaign_id,
                                                             Lease.token == self.token).values(renewed=db_utcnow(s)))
                     holder = None if kept.rowcount == 1 else s.scalar(
@@ -141,7 +142,8 @@ class DriverLease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        with self.ledger.session() as s:
+        self.ledger.fence = None
+        with self.ledger.session(fenced=False) as s:
             c = s.get(Campaign, self.campaign_id)
             if c is not None:
                 writes.drop_lease(s, c, self.token)

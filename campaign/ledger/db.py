@@ -21,7 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from campaign.errors import LedgerError, NoLedger
+from campaign.errors import LeaseLost, LedgerError, NoLedger
 
 
 def default_url(workdir: str | Path) -> str:
@@ -148,6 +148,10 @@ class Ledger:
     url: str
     engine: sa.Engine
     _factory: sessionmaker[Session]
+    fence: tuple[int, str] | None = None
+    """(campaign id, lease token) while a driver holds a campaign's lease (`DriverLease`):
+    every unit of work then checks, in its own transaction, that the token still holds the
+    lease, and commits nothing if it does not (a fencing token)."""
 
     def retrying(self, what: str, *, outage_s: float | None = None,
                  warn: Callable[[str], None] | None = None) -> Iterator[_Try]:
@@ -180,11 +184,16 @@ class Ledger:
             delay = min(delay * 2, 5.0)
 
     @contextlib.contextmanager
-    def session(self) -> Iterator[Session]:
-        """One unit of work: commits on success, rolls back on any exception."""
+    def session(self, *, fenced: bool = True) -> Iterator[Session]:
+        """One unit of work: commits on success, rolls back on any exception. Under a lease
+        (`fence`), and unless `fenced` is false (the lease's own renewals), it first checks
+        the lease in the same transaction and raises LeaseLost instead of committing a write
+        of a driver that another one displaced."""
         s = self._factory()
         try:
             yield s
+            if fenced and self.fence is not None:
+                _check_fence(s, *self.fence)
             s.commit()
         except BaseException as e:
             s.rollback()
@@ -216,6 +225,22 @@ class Ledger:
         if found != ["ok"]:
             raise LedgerError(f"the ledger at {self.display_url} fails PRAGMA quick_check ({found[0]}): restore it "
                               "from a backup, or point --db / --workdir at another one")
+
+
+_FENCE = sa.text("UPDATE lease SET token = token WHERE campaign_id = :campaign AND token = :token")
+"""Touches the lease row only if this driver's token still holds it: in the unit of work's
+own transaction, so a take-over either committed before (0 rows: nothing is written) or waits
+for this transaction (the row's lock) and sees its writes as the old holder's last."""
+
+
+def _check_fence(s: Session, campaign_id: int, token: str) -> None:
+    if s.execute(_FENCE, {"campaign": campaign_id, "token": token}).rowcount == 1:
+        return
+    holder = s.execute(sa.text("SELECT pid, host FROM lease WHERE campaign_id = :c"), {"c": campaign_id}).first()
+    who = f"pid {holder[0]} on {holder[1]} took over this campaign's lease" if holder else \
+        "this campaign's lease was removed"
+    raise LeaseLost(f"{who}; this driver's write was not committed (fencing): it stops and leaves the running "
+                    "job to the new driver")
 
 
 def open_ledger(url: str, *, create: bool = True, check: bool = True) -> Ledger:
