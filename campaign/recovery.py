@@ -54,12 +54,38 @@ def reap_dead_driver(campaign_dir: Path) -> int:
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit() and marker and marker in _cmdline(int(proc.name)) and int(proc.name) != os.getpid():
             victims.add(int(proc.name))
+    victims |= _group_members(victims, spare={os.getpgid(0), int(info["pid"])})
     for pid in victims:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    _wait_gone(sorted(victims), GONE_WAIT_S)
     return len(victims)
+
+
+def _group_members(pids: set[int], spare: set[int]) -> set[int]:
+    """Every process in the process groups of `pids` (but groups in `spare`): what the block's
+    worker pool started without its directory in their command line (multiprocessing's
+    resource tracker and Manager, spawned workers) shares its group, which Parsl's local
+    provider makes apart from the driver's."""
+    groups = set()
+    for pid in pids:
+        try:
+            groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            continue
+    groups -= spare
+    found = set()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if os.getpgid(int(proc.name)) in groups:
+                    found.add(int(proc.name))
+            except ProcessLookupError:
+                continue
+    found.discard(os.getpid())
+    return found
 
 
 def recover_orphans(ledger: Ledger, campaign_id: int, site: Site, say: Callable[[str], None]) -> int:

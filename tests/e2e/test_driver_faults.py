@@ -177,3 +177,72 @@ def test_a_lost_worker_stops_its_ranks_before_the_relaunch(ws: Workspace) -> Non
     assert not trainers_of(first), "no rank of the lost attempt survives"
     steps = {s for a in view["attempts"] for s, _ in a["steps"]}
     assert steps == set(range(1, STEPS + 1)), "no step lost"
+
+
+def _stat(pid: int) -> tuple[int, str, str] | None:
+    """(parent pid, state, start time) of a live process, or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), fields[0], fields[19]
+
+
+def _tagged(tag: str) -> dict[tuple[int, str], str]:
+    """Live processes whose environment holds PTABLE_TAG=`tag` (every process a driver started
+    inherits it: Parsl's block is started through a shell that exits, so it is no descendant
+    of the driver by parent pid): (pid, start time) -> command line."""
+    out = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or (st := _stat(int(proc.name))) is None or st[1] == "Z":
+            continue
+        try:
+            if f"PTABLE_TAG={tag}".encode() not in (proc / "environ").read_bytes():
+                continue
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:160]
+        except OSError:
+            continue
+        out[(int(proc.name), st[2])] = cmd
+    return out
+
+
+def _watch_tagged(tag: str, p: subprocess.Popen[str], seen: dict[tuple[int, str], str], until: Any) -> None:
+    """Every process started under `tag`, polled while `until()` is false and `p` runs."""
+    while not until() and p.poll() is None:
+        seen.update(_tagged(tag))
+        time.sleep(0.2)
+
+
+def _survivors(seen: dict[tuple[int, str], str], grace_s: float = 10.0) -> list[str]:
+    deadline = time.time() + grace_s
+    while True:
+        alive = [f"{pid} {cmd}" for (pid, start), cmd in seen.items()
+                 if (st := _stat(pid)) is not None and st[2] == start and st[1] != "Z"]
+        if not alive or time.time() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+def test_no_process_outlives_its_campaign(ws: Workspace) -> None:
+    """Issue 29, item 7 and issue 30, item 8: the process table after kill -9 of the driver
+    and `campaign resume`, and after a normal end. Every process the first driver started
+    (Parsl's interchange, the block's worker pool, its workers, multiprocessing's helpers,
+    the warm-start servers, the ranks) is gone once the resume has ended, and so is every
+    process the resume started (within 10 s of its exit)."""
+    spec = ws.write_spec(tiny_spec("ptable", [long_run(steps=40, checkpoint_every=10, faults=[SLOW])]))
+    first_seen: dict[tuple[int, str], str] = {}
+    p = ws.popen("submit", str(spec), CAMPAIGN_ALLOW_FAULTS="1", PTABLE_TAG="first")
+    metrics = ws.workdir / "ptable" / "long" / "attempt-001" / "metrics.jsonl"
+    _watch_tagged("first", p, first_seen, lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 5)
+    first_seen.update(_tagged("first"))
+    assert any("process_worker_pool" in c for c in first_seen.values()), first_seen
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    resumed_seen: dict[tuple[int, str], str] = {}
+    r = ws.popen("resume", "ptable", CAMPAIGN_ALLOW_FAULTS="1", PTABLE_TAG="resumed")
+    _watch_tagged("resumed", r, resumed_seen, lambda: False)
+    out = finish(r, 300, "resume hung")
+    assert r.returncode == 0, out
+    assert any("process_worker_pool" in c for c in resumed_seen.values()), resumed_seen
+    assert _survivors(first_seen, 0) == [], f"processes of the killed driver outlived the resume: {_survivors(first_seen, 0)}"
+    assert _survivors(resumed_seen) == [], f"processes of the resume outlived its normal end: {_survivors(resumed_seen, 0)}"
