@@ -31,7 +31,7 @@ import sqlalchemy as sa
 
 from campaign import goodput, report, stages
 from campaign.attempt import AttemptRequest, AttemptRunner, StageContext, version_root
-from campaign.errors import CampaignConflict, LeaseLost
+from campaign.errors import CampaignConflict, LeaseLost, LedgerError
 from campaign.executors.base import LABEL, Site
 from campaign.lease import DriverLease
 from campaign.ledger import Ledger
@@ -310,6 +310,8 @@ class Engine:
             raise
         except LeaseLost:
             raise  # the ledger belongs to the new driver now: write nothing
+        except LedgerError:
+            raise  # not the stage's failure: the ledger cannot record anything; resume continues
         except Exception as e:
             verdict = Verdict(False, f"stage crashed in the driver: {type(e).__name__}: {e}",
                               {"traceback": traceback.format_exc(limit=5)})

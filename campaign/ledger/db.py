@@ -29,8 +29,9 @@ def default_url(workdir: str | Path) -> str:
     return os.environ.get("CAMPAIGN_DB_URL") or f"sqlite:///{Path(workdir).resolve() / 'ledger.db'}"
 
 
-BUSY_S = 10.0
-"""How long a SQLite connection waits for another's lock before it says 'database is locked'."""
+BUSY_S = float(os.environ.get("CAMPAIGN_LEDGER_BUSY_S", "10"))
+"""How long a SQLite connection waits for another's lock before it says 'database is locked'
+(each try of a unit of work; `Ledger.retrying` tries again up to CAMPAIGN_LEDGER_OUTAGE_S)."""
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -116,12 +117,12 @@ class _Try:
     """One try of a unit of work (see `Ledger.retrying`): a session that commits, and
     swallows a transient error so the loop can try again."""
 
-    def __init__(self, ledger: Ledger) -> None:
-        self.ledger, self.ok, self.error = ledger, False, None
+    def __init__(self, ledger: Ledger, *, fenced: bool = True) -> None:
+        self.ledger, self.ok, self.error, self.fenced = ledger, False, None, fenced
         self._cm: Any = None
 
     def __enter__(self) -> Session:
-        self._cm = self.ledger.session()  # a Session connects lazily: opening it cannot fail
+        self._cm = self.ledger.session(fenced=self.fenced)  # a Session connects lazily: opening it cannot fail
         return self._cm.__enter__()  # type: ignore[no-any-return]
 
     def __exit__(self, kind: Any, value: Any, tb: Any) -> bool:
@@ -154,7 +155,7 @@ class Ledger:
     lease, and commits nothing if it does not (a fencing token)."""
 
     def retrying(self, what: str, *, outage_s: float | None = None,
-                 warn: Callable[[str], None] | None = None) -> Iterator[_Try]:
+                 warn: Callable[[str], None] | None = None, fenced: bool = True) -> Iterator[_Try]:
         """A unit of work that outlives a ledger outage (the driver's writes use it):
 
             for unit in ledger.retrying("recording the attempt"):
@@ -168,7 +169,7 @@ class Ledger:
         limit = OUTAGE_S if outage_s is None else outage_s
         start, delay, told = time.monotonic(), 0.25, False
         while True:
-            unit = _Try(self)
+            unit = _Try(self, fenced=fenced)
             yield unit
             if unit.ok:
                 return
