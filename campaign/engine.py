@@ -33,7 +33,7 @@ from campaign import goodput, report, stages
 from campaign.attempt import AttemptRequest, AttemptRunner, StageContext, version_root
 from campaign.errors import CampaignConflict, LeaseLost, LedgerError
 from campaign.executors.base import LABEL, Site
-from campaign.lease import DriverLease
+from campaign.lease import RELEASE_WAIT_S, DriverLease
 from campaign.ledger import Ledger
 from campaign.ledger import reads, writes
 from campaign.ledger.models import Campaign, StageRun
@@ -45,6 +45,10 @@ from campaign.supervisor import STOP_FILE
 
 EXIT_CANCELLED = 130
 """`campaign submit` exit code when the campaign was cancelled."""
+
+
+CANCEL_RELEASE_S = 3.0
+"""After a cancel, how long the driver retries releasing its lease through a ledger outage."""
 
 
 class Cancelled(Exception):
@@ -164,7 +168,7 @@ class Engine:
             return self._drive()
         finally:
             self._restore_signal_handlers(previous)
-            lease.release()
+            lease.release(wait_s=CANCEL_RELEASE_S if self.cancel_requested else RELEASE_WAIT_S)
 
     def _drive(self) -> int:
         for unit in self.writes("starting the campaign"):
@@ -183,7 +187,12 @@ class Engine:
                 with self._parsl():
                     self._run_stages(todo)
         except Cancelled:
-            return self._finish_campaign(cancelled=True)
+            try:
+                return self._finish_campaign(cancelled=True)
+            except Cancelled:  # the ledger does not answer: do not wait for it after a Ctrl-C
+                self.progress.event(f"cancelled while the ledger does not answer: it still shows {self.spec.name} "
+                                    f"running; `campaign resume {self.spec.name}` continues it")
+                return EXIT_CANCELLED
         return self._finish_campaign()
 
     def _run_stages(self, todo: list[tuple[StageRun, StageSpec]]) -> None:
@@ -200,7 +209,8 @@ class Engine:
 
     def writes(self, what: str) -> Iterator[Any]:
         """Units of work for one ledger write, retried through an outage (`Ledger.retrying`)."""
-        return self.ledger.retrying(what, warn=self.progress.event)
+        return self.ledger.retrying(what, warn=self.progress.event,
+                                    interrupted=lambda: Cancelled() if self.cancel_requested else None)
 
     def ledger_unreachable(self, error: BaseException) -> None:
         """A write that can wait (metrics ingestion) found the ledger unreachable: say so once a minute."""

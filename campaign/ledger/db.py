@@ -113,6 +113,19 @@ def transient(e: BaseException) -> bool:
     return any(t in text for t in _TRANSIENT)
 
 
+def _sleep(seconds: float, interrupted: Callable[[], BaseException | None] | None) -> None:
+    """Sleep, but raise what `interrupted()` returns as soon as it returns something."""
+    end = time.monotonic() + seconds
+    while True:
+        stop = interrupted() if interrupted is not None else None
+        if stop is not None:
+            raise stop
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, 0.1))
+
+
 class _Try:
     """One try of a unit of work (see `Ledger.retrying`): a session that commits, and
     swallows a transient error so the loop can try again."""
@@ -155,7 +168,8 @@ class Ledger:
     lease, and commits nothing if it does not (a fencing token)."""
 
     def retrying(self, what: str, *, outage_s: float | None = None,
-                 warn: Callable[[str], None] | None = None, fenced: bool = True) -> Iterator[_Try]:
+                 warn: Callable[[str], None] | None = None, fenced: bool = True,
+                 interrupted: Callable[[], BaseException | None] | None = None) -> Iterator[_Try]:
         """A unit of work that outlives a ledger outage (the driver's writes use it):
 
             for unit in ledger.retrying("recording the attempt"):
@@ -165,7 +179,9 @@ class Ledger:
         Retries with backoff (0.25 s doubling to 5 s) for up to `outage_s` (default OUTAGE_S),
         telling `warn` once; then raises LedgerError naming the ledger and what was being done.
         A non-transient error is raised at once. Nothing is lost meanwhile: the trainer's
-        metrics.jsonl is the source, ingested again once the ledger answers."""
+        metrics.jsonl is the source, ingested again once the ledger answers. `interrupted()`,
+        asked between tries and while waiting, returns an exception to stop with (Ctrl-C
+        during an outage: the driver stops within a try, not after the outage)."""
         limit = OUTAGE_S if outage_s is None else outage_s
         start, delay, told = time.monotonic(), 0.25, False
         while True:
@@ -181,7 +197,7 @@ class Ledger:
                 warn(f"the ledger is not answering ({str(unit.error).splitlines()[0][:160]}); retrying for up to "
                      f"{limit:.0f} s while {what}")
                 told = True
-            time.sleep(delay)
+            _sleep(delay, interrupted)
             delay = min(delay * 2, 5.0)
 
     @contextlib.contextmanager

@@ -142,3 +142,37 @@ def test_an_outage_longer_than_the_retry_budget_ends_in_one_line_and_resumes(ws:
                          "WHERE attempt.number = 1").fetchone()[0]
     con.close()
     assert stored == len(metrics.read_text().splitlines()) == steps, "every step the trainer reported is in the ledger"
+
+
+def test_ctrl_c_during_a_ledger_outage_stops_the_driver_within_seconds(ws: Workspace) -> None:
+    """Issue 30, item 6: Ctrl-C (SIGINT to the driver's process group) while the SQLite write
+    lock is held for 40 s: the driver stops the attempt and exits 130 within seconds, not once
+    the outage is over (before: it retried its writes until the lock was released); after the
+    outage `resume` finishes the campaign."""
+    db = ws.workdir / "ledger.db"
+    spec = ws.write_spec(tiny_spec("ctrlc", [{**long_run(), "steps": 400}]))
+    p = ws.popen("submit", str(spec), CAMPAIGN_LEDGER_BUSY_S="1")
+    metrics = ws.workdir / "ctrlc" / "long" / "attempt-001" / "metrics.jsonl"
+    deadline = time.time() + 180
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 10):
+        time.sleep(0.05)
+    con = sqlite3.connect(db, isolation_level=None, timeout=30)
+    con.execute("BEGIN EXCLUSIVE")
+    try:
+        time.sleep(2)  # the driver meets the outage
+        t0 = time.time()
+        os.killpg(p.pid, signal.SIGINT)
+        try:
+            out, _ = p.communicate(timeout=40)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            pytest.fail("the driver waited for the outage to end")
+        stopped_s = time.time() - t0
+    finally:
+        con.execute("COMMIT")
+        con.close()
+    assert p.returncode == 130, out
+    assert stopped_s < 10, f"stopped {stopped_s:.1f} s after Ctrl-C: {out}"
+    assert "Traceback" not in out, out
+    r = ws.cli("resume", "ctrlc")
+    assert r.code == 0, r.out + r.err
