@@ -22,11 +22,12 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from pydantic import Field
 
 from campaign import contract, evidence, exits, goodput, reference, report
+from campaign.errors import WorkdirError
 from campaign.ledger import reads, writes
 from campaign.ledger.db import transient
 from campaign.ledger.models import Attempt, StageRun, utcnow
@@ -398,7 +399,6 @@ class StageContext:
                 number, attempt_id = a.number, a.id
                 excluded = sorted({e.node for e in reads.list_exclusions(s, self.engine.site_name)})
         run_dir = self.stage_dir / f"attempt-{number:03d}"
-        run_dir.mkdir(parents=True, exist_ok=True)
         config = trainer_config(self.spec, targets, stage_dir=self.stage_dir, attempt=number, faults=faults)
         resume_from = contract.newest_complete(self.spec.trainer.checkpoints, ckpt) if targets.resume else None
         request = build_request(self.spec.site, config, run_dir=run_dir, nodes=n, excluded=excluded,
@@ -407,7 +407,11 @@ class StageContext:
                                 interrupt=Interrupt.model_validate(interrupt) if interrupt else None)
         if rotate:
             request = request.model_copy(update={"rotate": rotate})
-        request.config_path.write_text(config.model_dump_json(indent=2))
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            request.config_path.write_text(config.model_dump_json(indent=2))
+        except OSError as e:  # a full or read-only work directory: not the stage's fault, nothing launched
+            self._unlaunched(attempt_id, run_dir, e)
         steps = targets.steps
         self.engine.progress.attempt_started(self.run.name, number, n, steps, label)
         self.engine.current_run_dir = run_dir
@@ -421,6 +425,19 @@ class StageContext:
         self.engine.current_run_dir = None
         self._ingest(attempt_id, run_dir, offset, steps, last=True)
         return self._finish(attempt_id, number, run_dir, rep, ckpt, steps)
+
+    def _unlaunched(self, attempt_id: int, run_dir: Path, e: OSError) -> NoReturn:
+        """Close the attempt row of a launch the driver could not prepare, and stop the driver
+        with one line naming the cause (WorkdirError, exit 2): the campaign stays resumable."""
+        why = f"cannot write the attempt's run directory {run_dir}: {e.strerror or e}"
+        for unit in self.engine.writes("recording an attempt that could not start"):
+            with unit as s:
+                a = s.get(Attempt, attempt_id)
+                assert a is not None
+                writes.finish_attempt(s, a, state="crashed_systemic", exit_code=None, suspects=[],
+                                      summary={"error": why})
+        raise WorkdirError(f"{why}; free space there (or fix its permissions), then `campaign resume "
+                           f"{self.spec.name}`") from None
 
     def _supervise(self, request: AttemptRequest, attempt_id: int, steps: int) -> tuple[dict[str, Any], int]:
         """Start the supervisor through the engine's runner and ingest metrics until it returns."""

@@ -31,7 +31,7 @@ import sqlalchemy as sa
 
 from campaign import goodput, report, stages
 from campaign.attempt import AttemptRequest, AttemptRunner, StageContext, version_root
-from campaign.errors import CampaignConflict, LeaseLost, LedgerError
+from campaign.errors import CampaignConflict, LeaseLost, LedgerError, WorkdirError
 from campaign.executors.base import LABEL, Site
 from campaign.lease import RELEASE_WAIT_S, DriverLease
 from campaign.ledger import Ledger
@@ -257,8 +257,14 @@ class Engine:
             self._unload_parsl()
 
     def _load_parsl(self, site: Site) -> None:
+        import logging
+
         import parsl
 
+        # Parsl logs to files in the campaign's folder: on a full disk each record would print
+        # "--- Logging error ---" and a traceback to the terminal (thousands of lines). Drop
+        # such records instead; the driver says what failed in its own words.
+        logging.raiseExceptions = False
         self._dfk = parsl.load(site.parsl_config(self.campaign_dir / "parsl"))
         proc = getattr(self._dfk.executors.get(LABEL), "interchange_proc", None)
         report.write_json_atomic(self.campaign_dir / DRIVER_FILE, {
@@ -320,8 +326,8 @@ class Engine:
             raise
         except LeaseLost:
             raise  # the ledger belongs to the new driver now: write nothing
-        except LedgerError:
-            raise  # not the stage's failure: the ledger cannot record anything; resume continues
+        except (LedgerError, WorkdirError):
+            raise  # not the stage's failure: the ledger or the work directory is broken; resume continues
         except Exception as e:
             verdict = Verdict(False, f"stage crashed in the driver: {type(e).__name__}: {e}",
                               {"traceback": traceback.format_exc(limit=5)})

@@ -246,3 +246,48 @@ def test_no_process_outlives_its_campaign(ws: Workspace) -> None:
     assert any("process_worker_pool" in c for c in resumed_seen.values()), resumed_seen
     assert _survivors(first_seen, 0) == [], f"processes of the killed driver outlived the resume: {_survivors(first_seen, 0)}"
     assert _survivors(resumed_seen) == [], f"processes of the resume outlived its normal end: {_survivors(resumed_seen, 0)}"
+
+
+def test_a_full_work_directory_ends_in_one_line_and_leaves_nothing_behind(ws: Workspace) -> None:
+    """Issue 30, items 6 and 8: the campaign's folder is a real tmpfs (root only) that fills
+    up under a running long run. The driver ends with one line naming the cause, no
+    traceback, no attempt left `running`, its lease released; nothing is left in /dev/shm."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    folder = ws.workdir / "enospc"
+    folder.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(folder)], capture_output=True,
+                             text=True)
+    assert mounted.returncode == 0, f"cannot mount a tmpfs for the test: {mounted.stderr}"
+    try:
+        spec = ws.write_spec(tiny_spec("enospc", [long_run(steps=400, checkpoint_every=1000)]))
+        p = ws.popen("submit", str(spec))
+        wait_for_steps(folder / "long" / "attempt-001" / "metrics.jsonl", 10)
+        with open(folder / "filler", "wb") as f:  # someone else's file fills the disk
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        out = finish(p, 120, "the driver hung on a full work directory")
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+    assert p.returncode in (1, 2), out
+    assert "Traceback" not in out, out
+    view = ledger_view(ws, "enospc")
+    assert all(a["state"] != "running" for a in view["attempts"]), view["attempts"]
+    assert "No space left on device" in out, out
+    ledger = ws.ledger()
+    try:
+        from campaign.ledger.models import Lease
+
+        with ledger.session() as s:
+            assert s.query(Lease).count() == 0, "the lease was released"
+    finally:
+        ledger.close()
+    from campaign.report import _node_local_dir
+
+    left = [d for i in range(1, len(view["attempts"]) + 1) for node in ("local-n0", "local-n1", "local-n2")
+            if (d := _node_local_dir(str(folder / "long" / f"attempt-{i:03d}"), node, str(i))).exists()]
+    assert left == [], "node-local state left in /dev/shm"
