@@ -23,6 +23,7 @@ touches the ledger: the driver ingests `metrics.jsonl` and the report.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -168,8 +169,8 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
     metrics, _ = report.read_metrics(run_dir)
     finding = None
     if watched.killed_by is None and failure is not None:  # a crash: what does the evidence say?
-        finding = evidence.assess(_rank_exits(launch, run_dir, failure), first_step=bool(metrics), nodes=hosts,
-                                  same_poll_s=1.0)
+        finding = evidence.assess(_rank_exits(launch, run_dir, failure, watched.rescue), first_step=bool(metrics),
+                                  nodes=hosts, same_poll_s=1.0)
         if finding.primary:
             failure = (finding.primary["rank"], finding.primary["exit_code"], finding.primary["node"], failure[3])
     code = exits.STALLED if watched.killed_by == "stalled" else (failure[1] if failure else 0)
@@ -420,7 +421,7 @@ def _rescue(launch: _Launch, request: AttemptRequest, hosts: list[str], watch: w
         out = json.loads(result.read_text())
     except (OSError, ValueError):
         out = {"rank": rank, "saved": False, "why": f"rank {rank} did not answer within {budget:.0f} s"}
-    return {**out, "waited_s": round(time.time() - t0, 3)}
+    return {**out, "rank": rank, "asked_at": t0, "waited_s": round(time.time() - t0, 3)}
 
 
 def _rescuer(launch: _Launch, request: AttemptRequest, hosts: list[str], avoid_nodes: set[str],
@@ -544,10 +545,16 @@ def launcher_failure(log: Path, failure: tuple[int, int, str, float]) -> tuple[i
     return rank, code, node, failure[3]
 
 
-def _rank_exits(launch: _Launch, run_dir: Path, failure: tuple[int, int, str, float]) -> list[evidence.RankExit]:
+def _rank_exits(launch: _Launch, run_dir: Path, failure: tuple[int, int, str, float],
+                rescue_asked: dict[str, Any] | None = None) -> list[evidence.RankExit]:
     """The evidence of a crash: every rank's exit with the tail of its log (local launcher),
-    or the failed rank the launcher named with its lines of the launcher's log."""
+    or the failed rank the launcher named with its lines of the launcher's log. The rescuer's
+    exit after it was asked to save is no evidence against its node (it is counted as
+    stopped): it worked on after its peer failed, and whatever killed it mid-save, its node
+    did not fail the job."""
     stopped = launch.stopped_at
+    rescuer = (rescue_asked or {}).get("rank")
+    asked_at = float((rescue_asked or {}).get("asked_at") or math.inf)
     if launch.procs and launch.procs[0][0] == -1:  # one launcher process (mpiexec, srun)
         log = run_dir / "logs" / "launcher.log"
         rank, code, node, seen = failure
@@ -561,7 +568,8 @@ def _rank_exits(launch: _Launch, run_dir: Path, failure: tuple[int, int, str, fl
             log = run_dir / "logs" / f"rank-{rank}.log"
             out.append(evidence.RankExit.from_popen(rank, node, code, seen, log_path=str(log),
                                                     log_tail=evidence.read_tail(log),
-                                                    stopped=stopped is not None and seen >= stopped))
+                                                    stopped=(stopped is not None and seen >= stopped)
+                                                    or (rank == rescuer and seen >= asked_at)))
     return out
 
 

@@ -153,7 +153,7 @@ def train(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
     saver = checkpoint.Saver(cfg.run.checkpoint_dir, device=env.device, keep_last=cfg.train.keep_last,
                              asynchronous=save_async(cfg.train, env.device), on_saved=on_saved,
                              before_write=faults.in_checkpoint)
-    res = _rescue(cfg, env, rep, stop, tr)
+    res = _rescue(cfg, env, rep, stop, tr, faults)
     try:
         code = _loop(cfg, env, rep, stop, tr, faults, saver, saves, res)
     except BaseException as exc:
@@ -169,7 +169,7 @@ def train(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
 
 
 def _rescue(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag,
-            tr: Trainer) -> rescue.Rescue | rescue.NoRescue:
+            tr: Trainer, faults: Faults) -> rescue.Rescue | rescue.NoRescue:
     """The rescue side of this rank (campaign.train.rescue), answering SIGUSR1, where the
     attempt asks for it and the state is replicated; else a null one."""
     if not (cfg.run.rescue and rescue.supported(wrapper=tr.wrapper, world_size=env.world_size, device=env.device)):
@@ -177,7 +177,7 @@ def _rescue(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFl
     res = rescue.Rescue(run_dir=str(rep.run_dir), checkpoint_dir=cfg.run.checkpoint_dir, rank=env.rank,
                         world_size=env.world_size, keep_last=cfg.train.keep_last,
                         state=lambda: (tr.model, tr.optim, tr.sched), cuda=env.device.type == "cuda",
-                        linger_s=cfg.run.rescue_linger_s)
+                        linger_s=cfg.run.rescue_linger_s, before_write=faults.in_rescue)
     stop.on_usr1 = res.on_signal
     return res
 
