@@ -24,7 +24,9 @@ The first launch on a node pays the import once (the server's); every later laun
 same scope reuses it. A scope is one block: `CAMPAIGN_WARM_SCOPE`, else the scheduler's job
 id, else the host. The server exits when idle for `CAMPAIGN_WARM_IDLE_S` (300 s). When
 `CAMPAIGN_WARM_PARENT` (`host:pid`, the block's process on this host) is gone it drains:
-no new launch is served, running ranks finish (as cold ones would), then it exits. It never
+no new launch is served, running ranks finish (as cold ones would), then it exits. A server that does
+not fork a client's child within `CAMPAIGN_WARM_ACK_S` (10 s) is taken for hung: the client
+kills it, removes its socket and starts cold; the next launch starts a new server. It never
 touches a device: CUDA or XPU start in each child.
 
 What a fork cannot give a child, and what is done instead (tested in tests/train/test_warm.py):
