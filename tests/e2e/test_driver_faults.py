@@ -175,6 +175,7 @@ def test_a_lost_worker_stops_its_ranks_before_the_relaunch(ws: Workspace) -> Non
     assert [s for s, _ in view["attempts"][0]["steps"]] == [r["step"] for r in rows[0]], "every orphan row ingested"
     assert rows[1][0]["time"] > rows[0][-1]["time"], "the relaunch began after the lost attempt's last step"
     assert not trainers_of(first), "no rank of the lost attempt survives"
+    assert view["exclusions"] == [], "a lost worker is not a node's fault"
     steps = {s for a in view["attempts"] for s, _ in a["steps"]}
     assert steps == set(range(1, STEPS + 1)), "no step lost"
 

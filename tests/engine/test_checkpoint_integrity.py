@@ -58,5 +58,8 @@ def test_a_same_size_corrupted_checkpoint_is_skipped_with_a_ledger_event(tmp_pat
             [ev] = [e for e in reads.list_events(s, c) if e.kind == "checkpoint_skipped"]
             assert ev.data["path"] == str(newest) and ev.data["loaded"] == str(ckpts / "step-00000004")
             assert f"{shard.name} has checksum crc32:" in ev.data["why"] and "(corrupted)" in ev.data["why"]
+            assert reads.list_exclusions(s, "local") == [], "a corrupted file is no node's fault"
+            steps = sorted({m.step for a in attempts for m in reads.list_steps(s, a.id)})
+            assert steps == list(range(1, 13)), "no step lost"
     finally:
         engine.ledger.close()
