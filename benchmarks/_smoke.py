@@ -53,6 +53,7 @@ SMOKES = (
     Smoke("checkpoint_stall.py", (), misses=("async/sync stall",),
           why="the target (async stall <= 10% of sync) is stated for saves of seconds (1b on an H200: 2.17 s against "
           "25.6 s); the tiny CPU model's ~0.05 s save is dominated by the async path's fixed costs (0.19 here)"),
+    Smoke("checkpoint_checksum.py", ("--mb", "64", "--repeat", "1")),
     Smoke("teardown_abort.py", ("--launches", "1")),
     Smoke("fault_recovery.py", ("--repeats", "1")),
     Smoke("overhead.py", ("--steps", "20", "--repeats", "1", "--n-layer", "2", "--d-model", "128", "--seq-len", "64"),

@@ -192,7 +192,8 @@ def resume(name: str, db_url: str | None, workdir: Path, quiet: bool) -> None:
     Attempts the dead driver left open are marked `orphaned` and their jobs stopped; stages
     already passed are not rerun; the long run continues from its newest complete checkpoint
     (a rescue checkpoint, if the last fault left one).
-    Refused while another driver holds the campaign's lease.
+    Refused while another driver holds the campaign's lease, and on a SQLite ledger that
+    fails `PRAGMA quick_check` (restore it first).
     """
     from campaign import spec as spec_mod
     from campaign.commands import check_workdir
@@ -203,6 +204,7 @@ def resume(name: str, db_url: str | None, workdir: Path, quiet: bool) -> None:
     check_workdir(workdir)
     ledger = _open(db_url, workdir, create=False)
     try:
+        ledger.check_integrity()
         with ledger.session() as s:
             c = reads.require_campaign(s, name, ledger.display_url)
             source, spec_dir = c.spec_source, c.spec_dir

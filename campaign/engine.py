@@ -31,9 +31,9 @@ import sqlalchemy as sa
 
 from campaign import goodput, report, stages
 from campaign.attempt import AttemptRequest, version_root
-from campaign.errors import CampaignConflict, LeaseLost
+from campaign.errors import CampaignConflict, LeaseLost, LedgerError, WorkdirError
 from campaign.executors.base import LABEL, Site
-from campaign.lease import DriverLease
+from campaign.lease import RELEASE_WAIT_S, DriverLease
 from campaign.ledger import Ledger
 from campaign.ledger import reads, writes
 from campaign.ledger.models import Campaign, StageRun
@@ -48,6 +48,10 @@ from campaign.summary import summarize_campaign
 
 EXIT_CANCELLED = 130
 """`campaign submit` exit code when the campaign was cancelled."""
+
+
+CANCEL_RELEASE_S = 3.0
+"""After a cancel, how long the driver retries releasing its lease through a ledger outage."""
 
 
 class Cancelled(Exception):
@@ -167,7 +171,7 @@ class Engine:
             return self._drive()
         finally:
             self._restore_signal_handlers(previous)
-            lease.release()
+            lease.release(wait_s=CANCEL_RELEASE_S if self.cancel_requested else RELEASE_WAIT_S)
 
     def _drive(self) -> int:
         for unit in self.writes("starting the campaign"):
@@ -186,7 +190,12 @@ class Engine:
                 with self._parsl():
                     self._run_stages(todo)
         except Cancelled:
-            return self._finish_campaign(cancelled=True)
+            try:
+                return self._finish_campaign(cancelled=True)
+            except Cancelled:  # the ledger does not answer: do not wait for it after a Ctrl-C
+                self.progress.event(f"cancelled while the ledger does not answer: it still shows {self.spec.name} "
+                                    f"running; `campaign resume {self.spec.name}` continues it")
+                return EXIT_CANCELLED
         return self._finish_campaign()
 
     def _run_stages(self, todo: list[tuple[StageRun, StageSpec]]) -> None:
@@ -203,7 +212,8 @@ class Engine:
 
     def writes(self, what: str) -> Iterator[Any]:
         """Units of work for one ledger write, retried through an outage (`Ledger.retrying`)."""
-        return self.ledger.retrying(what, warn=self.progress.event)
+        return self.ledger.retrying(what, warn=self.progress.event,
+                                    interrupted=lambda: Cancelled() if self.cancel_requested else None)
 
     def ledger_unreachable(self, error: BaseException) -> None:
         """A write that can wait (metrics ingestion) found the ledger unreachable: say so once a minute."""
@@ -250,8 +260,14 @@ class Engine:
             self._unload_parsl()
 
     def _load_parsl(self, site: Site) -> None:
+        import logging
+
         import parsl
 
+        # Parsl logs to files in the campaign's folder: on a full disk each record would print
+        # "--- Logging error ---" and a traceback to the terminal (thousands of lines). Drop
+        # such records instead; the driver says what failed in its own words.
+        logging.raiseExceptions = False
         self._dfk = parsl.load(site.parsl_config(self.campaign_dir / "parsl"))
         proc = getattr(self._dfk.executors.get(LABEL), "interchange_proc", None)
         report.write_json_atomic(self.campaign_dir / DRIVER_FILE, {
@@ -313,6 +329,8 @@ class Engine:
             raise
         except LeaseLost:
             raise  # the ledger belongs to the new driver now: write nothing
+        except (LedgerError, WorkdirError):
+            raise  # not the stage's failure: the ledger or the work directory is broken; resume continues
         except Exception as e:
             where = self._keep_traceback(run.name)
             verdict = Verdict(False, f"stage crashed in the driver: {type(e).__name__}: {e} (traceback: {where})",

@@ -8,6 +8,7 @@
     ├── CampaignConflict     same name, different spec, or another driver holds it (exit 2)
     │   └── LeaseLost        another driver took this driver's lease: it stops, trainers untouched (exit 2)
     ├── SiteError            the site cannot provide what a stage asks for (exit 2)
+    ├── WorkdirError         the work directory cannot be written (full, read-only) (exit 2)
     └── RemoteError          a Globus Compute endpoint cannot be used: credentials, versions, reach (exit 2)
 """
 
@@ -54,6 +55,11 @@ class LeaseLost(CampaignConflict):
 
 class SiteError(CampaignError):
     """The site cannot provide what a stage asks for."""
+
+
+class WorkdirError(CampaignError):
+    """The driver cannot write in the work directory (ENOSPC, read-only): nothing a stage did
+    wrong; the campaign stays resumable once there is room."""
 
 
 class RemoteError(CampaignError):

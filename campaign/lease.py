@@ -21,7 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from campaign.errors import CampaignConflict
+from campaign.errors import CampaignConflict, LedgerError
 from campaign.ledger import Ledger
 from campaign.ledger import reads, writes
 from campaign.ledger.models import Campaign, Lease, db_utcnow
@@ -29,6 +29,8 @@ from campaign.ledger.models import Campaign, Lease, db_utcnow
 TTL_S = 60.0
 """A lease not renewed for this long is stale (its driver hung or died elsewhere)."""
 RENEW_S = 10.0
+RELEASE_WAIT_S = 60.0
+"""How long a driver that is ending retries releasing its lease while the ledger does not answer."""
 """How often a running driver renews its lease."""
 
 
@@ -82,7 +84,7 @@ class DriverLease:
         on the ledger's clock (PostgreSQL's server clock: a host whose own clock is wrong
         neither loses nor steals a lease)."""
         try:
-            with self.ledger.session() as s:
+            with self.ledger.session(fenced=False) as s:
                 c = s.get(Campaign, self.campaign_id)
                 assert c is not None
                 held = reads.get_lease(s, c)
@@ -97,6 +99,7 @@ class DriverLease:
                 raise
             raise CampaignConflict(f"another driver took the lease of campaign {self.campaign_id} at the same "
                                    "moment; watch it with `campaign status`") from None
+        self.ledger.fence = (self.campaign_id, self.token)  # every later write checks it (db._check_fence)
         self._thread = threading.Thread(target=self._renew, name="campaign-lease", daemon=True)
         self._thread.start()
 
@@ -122,7 +125,7 @@ class DriverLease:
     def _renew(self) -> None:
         while not self._stop.wait(RENEW_S):
             try:
-                with self.ledger.session() as s:
+                with self.ledger.session(fenced=False) as s:
                     kept = s.execute(sa.update(Lease).where(Lease.campaign_id == self.campaign_id,
                                                             Lease.token == self.token).values(renewed=db_utcnow(s)))
                     holder = None if kept.rowcount == 1 else s.scalar(
@@ -137,14 +140,20 @@ class DriverLease:
                     self.on_lost(why)
                 return
 
-    def release(self) -> None:
+    def release(self, wait_s: float = RELEASE_WAIT_S) -> None:
+        """Drop this driver's lease row, retrying through an outage for up to `wait_s`."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        with self.ledger.session() as s:
-            c = s.get(Campaign, self.campaign_id)
-            if c is not None:
-                writes.drop_lease(s, c, self.token)
+        self.ledger.fence = None
+        try:  # through an outage, for a while: a lease left behind makes the next driver wait
+            for unit in self.ledger.retrying("releasing the lease", outage_s=wait_s, fenced=False):
+                with unit as s:
+                    c = s.get(Campaign, self.campaign_id)
+                    if c is not None:
+                        writes.drop_lease(s, c, self.token)
+        except LedgerError:
+            pass  # still unreachable: the lease outlives this process, and a resume here takes it over
 
 
 def is_live(held: Any, now: dt.datetime) -> bool:

@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -52,12 +53,38 @@ def reap_dead_driver(campaign_dir: Path) -> int:
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit() and marker and marker in _cmdline(int(proc.name)) and int(proc.name) != os.getpid():
             victims.add(int(proc.name))
+    victims |= _group_members(victims, spare={os.getpgid(0), int(info["pid"])})
     for pid in victims:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    _wait_gone(sorted(victims), GONE_WAIT_S)
     return len(victims)
+
+
+def _group_members(pids: set[int], spare: set[int]) -> set[int]:
+    """Every process in the process groups of `pids` (but groups in `spare`): what the block's
+    worker pool started without its directory in their command line (multiprocessing's
+    resource tracker and Manager, spawned workers) shares its group, which Parsl's local
+    provider makes apart from the driver's."""
+    groups = set()
+    for pid in pids:
+        try:
+            groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            continue
+    groups -= spare
+    found = set()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if os.getpgid(int(proc.name)) in groups:
+                    found.add(int(proc.name))
+            except ProcessLookupError:
+                continue
+    found.discard(os.getpid())
+    return found
 
 
 def recover_orphans(ledger: Ledger, campaign_id: int, site: Site, say: Callable[[str], None]) -> int:
@@ -94,14 +121,20 @@ def adopt_orphan(s: Session, a: Attempt) -> dict[str, int]:
     every step of its metrics.jsonl (ingestion is idempotent) and its checkpoints, so the
     stage's totals and the relaunch's resume point agree with the disk."""
     run_dir = Path(a.run_dir)
-    checked = report.read_metrics_checked(run_dir)  # the whole file: the count of bad rows is exact
+    try:
+        run_cfg = json.loads((run_dir / TRAINER_CONFIG).read_text())["run"]
+    except (OSError, ValueError, KeyError, TypeError):
+        run_cfg = {}
+    max_step = run_cfg.get("max_steps") if isinstance(run_cfg, dict) else None
+    max_step = max_step if isinstance(max_step, int) and 0 <= max_step < report.STEP_MAX else report.STEP_MAX
+    checked = report.read_metrics_checked(run_dir, max_step=max_step)  # the whole file: the bad-row count is exact
     steps = writes.ingest_steps(s, a, checked.rows)
     bad = report.bad_rows_summary(checked, run_dir)
     if bad is not None:
         writes.record_bad_metric_rows(s, a, bad, first=not (a.summary or {}).get("bad_metric_rows"))
     try:
-        ckpt_dir = Path(json.loads((run_dir / TRAINER_CONFIG).read_text())["run"]["checkpoint_dir"])
-    except (OSError, ValueError, KeyError, TypeError):
+        ckpt_dir = Path(run_cfg["checkpoint_dir"])
+    except (KeyError, TypeError):
         return {"steps": steps, "checkpoints": 0}
     checkpoints = report.list_checkpoints(ckpt_dir) if ckpt_dir.is_dir() else []
     for ck in checkpoints:
@@ -165,4 +198,27 @@ def _kill_group(pgid: int, run_dir: Path) -> bool:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         return False
+    _wait_gone(members, GONE_WAIT_S)
     return True
+
+
+GONE_WAIT_S = 10.0
+"""How long `_kill_group` waits for SIGKILLed processes to be gone (a relaunch must not start
+while one still writes into the checkpoint folder)."""
+
+
+def _wait_gone(pids: list[int], timeout: float) -> None:
+    """Wait until none of `pids` runs (a zombie counts as gone: it writes nothing)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        alive = []
+        for pid in pids:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state not in ("Z", "X"):
+                alive.append(pid)
+        if not alive:
+            return
+        time.sleep(0.05)

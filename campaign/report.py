@@ -401,57 +401,101 @@ TOKENS_MAX = 10**18
 _NUMBER_FIELDS = ("step_time_s",)
 """Optional fields the watchdog computes with: when present and not null, finite numbers >= 0
 (a NaN step time would make every stall budget NaN and switch the watchdog off)."""
+_OTHER_FIELDS = ("tokens_per_s", "mfu", "comm_time_s", "mem_peak_gib", "lr", "grad_norm", "time")
+"""Optional fields the ledger stores as floats: a number there must be one a float can hold (a
+401-digit integer cannot); non-finite numbers and non-numbers are stored as null."""
 
 
 class MetricsRead(NamedTuple):
-    """What `read_metrics_checked` read: the valid rows, the offset to read on from, how
-    many complete lines it skipped as invalid, and why (the first few)."""
+    """What `read_metrics_checked` (or `read_events_checked`) read: the valid rows, the offset
+    to read on from, how many complete lines it skipped as invalid, why (the first few, as
+    "line N: reason: text"), the line number to read on from and the last valid step."""
 
     rows: list[dict]
     offset: int
     bad: int
     problems: list[str]
+    line: int = 1
+    last_step: int = -1
 
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def check_metrics_row(row: Any) -> str | None:
+def _short(v: Any) -> str:
+    """`v` for a message: a huge number or string is cut (a 401-digit number is 401 characters)."""
+    if _is_int(v) and abs(v) >= 10**20:
+        return f"an integer of {len(str(abs(v)))} digits"
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _number(v: Any) -> float | None:
+    """`v` as a float, or None when it is no number (a bool, a string) or too large for one."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        return float(v)
+    except OverflowError:
+        return None
+
+
+def check_metrics_row(row: Any, *, max_step: int = STEP_MAX) -> str | None:
     """Why `row` (a parsed line of metrics.jsonl) is not a valid metrics row, or None if it is.
 
-    Valid: a JSON object; `step` an integer 0 <= step <= STEP_MAX (not a bool, not a float,
-    not a string); `loss` present and a number (not a bool): NaN and +-inf are kept (a
-    non-finite loss is evidence), null is read as NaN; `tokens`, when present, an integer
-    0 <= tokens <= TOKENS_MAX; `step_time_s`, when present and not null, a finite number >= 0.
-    A valid row is normalised in place: an integer or null loss becomes a float."""
+    Valid: a JSON object; `step` an integer 0 <= step <= `max_step` (not a bool, not a float,
+    not a string; `max_step` is the attempt's last step, at most STEP_MAX); `loss` present and
+    a number (not a bool): NaN and +-inf are kept (a non-finite loss is evidence), null is
+    read as NaN; `tokens`, when present, an integer 0 <= tokens <= TOKENS_MAX; `step_time_s`,
+    when present and not null, a finite number >= 0; every other ledger column (`tokens_per_s`,
+    `mfu`, `lr`, ...), when a number, one a float can hold (other values are stored as null). A valid row is
+    normalised in place: an integer or null loss becomes a float."""
     if not isinstance(row, dict):
         return f"not a JSON object but {type(row).__name__}"
     step = row.get("step")
     if "step" not in row:
         return "no step"
     if not _is_int(step) or not 0 <= step <= STEP_MAX:
-        return f"step {step!r} is not an integer in [0, {STEP_MAX}]"
+        return f"step {_short(step)} is not an integer in [0, {STEP_MAX}]"
+    if step > max_step:
+        return f"step {step} is beyond the attempt's last step {max_step}"
     if "tokens" in row:
         tokens = row["tokens"]
         if not _is_int(tokens) or not 0 <= tokens <= TOKENS_MAX:
-            return f"tokens {tokens!r} is not an integer in [0, {TOKENS_MAX:.0e}]"
+            return f"tokens {_short(tokens)} is not an integer in [0, {TOKENS_MAX:.0e}]"
     if "loss" not in row:
         return "no loss"
-    loss = row["loss"]
+    loss = math.nan if row["loss"] is None else _number(row["loss"])
     if loss is None:
-        loss = math.nan
-    if isinstance(loss, bool) or not isinstance(loss, (int, float)):
-        return f"loss {loss!r} is not a number"
-    try:
-        row["loss"] = float(loss)
-    except OverflowError:
-        return f"loss {loss!r} is not a number"
+        return f"loss {_short(row['loss'])} is not a number"
+    row["loss"] = loss
     for key in _NUMBER_FIELDS:
         v = row.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-                              or v < 0):
-            return f"{key} {v!r} is not a finite number >= 0"
+        if v is not None and ((x := _number(v)) is None or not math.isfinite(x) or x < 0):
+            return f"{key} {_short(v)} is not a finite number >= 0"
+    for key in _OTHER_FIELDS:
+        v = row.get(key)
+        if _is_int(v) and _number(v) is None:
+            return f"{key} {_short(v)} is out of a float's range"
+    return None
+
+
+def check_event_row(row: Any) -> str | None:
+    """Why `row` (a parsed line of events.jsonl) is not a valid event, or None if it is: a JSON
+    object whose `event` is a string; `step`, when present and not null, an integer in
+    [0, STEP_MAX]; `seconds`, when present and not null, a finite number >= 0 (the readers of
+    events, the watchdog and goodput, compute with these three)."""
+    if not isinstance(row, dict):
+        return f"not a JSON object but {type(row).__name__}"
+    if not isinstance(row.get("event"), str):
+        return f"event {_short(row.get('event'))} is not a string"
+    step = row.get("step")
+    if step is not None and (not _is_int(step) or not 0 <= step <= STEP_MAX):
+        return f"step {_short(step)} is not an integer in [0, {STEP_MAX}]"
+    v = row.get("seconds")
+    if v is not None and ((x := _number(v)) is None or not math.isfinite(x) or x < 0):
+        return f"seconds {_short(v)} is not a finite number >= 0"
     return None
 
 
@@ -467,36 +511,58 @@ def _complete_lines(path: str | os.PathLike[str], offset: int) -> bytes:
     return data[:data.rfind(b"\n") + 1]
 
 
-def read_metrics_checked(run_dir: str | os.PathLike[str], offset: int = 0, *, keep_problems: int = 5) -> MetricsRead:
-    """Valid rows of metrics.jsonl from byte `offset` (see `check_metrics_row`), the new offset,
-    the number of complete lines skipped (not JSON, or not a valid row), and the reasons for the
-    first `keep_problems` of them ("byte N: reason: line").
-
-    A partial last line (being written) is left for the next call: the offset stops before it.
-    Blank lines are skipped without counting."""
-    data = _complete_lines(Path(run_dir) / METRICS_FILE, offset)
-    end = len(data)
+def _read_checked(path: Path, offset: int, line: int, check: Any, keep_problems: int,
+                  after: int | None = None) -> MetricsRead:
+    """The complete lines of `path` from byte `offset` (line number `line`), each parsed and
+    checked by `check`; with `after` (the last valid step so far), a row whose step does not
+    follow it is invalid too (steps of one attempt only go up)."""
+    data = _complete_lines(path, offset)
     rows: list[dict] = []
     bad = 0
     problems: list[str] = []
-    at = offset
-    for line in data.split(b"\n")[:-1]:
-        start, at = at, at + len(line) + 1
-        if not line.strip():
+    for n, text in enumerate(data.split(b"\n")[:-1], start=line):
+        if not text.strip():
             continue
         try:
-            row = json.loads(line)
-            why = check_metrics_row(row)
+            row = json.loads(text)
+            why = check(row)
         except (ValueError, RecursionError) as e:  # not JSON (UnicodeDecodeError is a ValueError)
             why = f"not JSON ({type(e).__name__})"
+        if why is None and after is not None:
+            if row["step"] <= after:
+                why = f"step {row['step']} does not follow step {after}"
+            else:
+                after = row["step"]
         if why is None:
             rows.append(row)
             continue
         bad += 1
         if len(problems) < keep_problems:
-            text = line[:80].decode("utf-8", errors="replace")
-            problems.append(f"byte {start}: {why}: {text}{'...' if len(line) > 80 else ''}")
-    return MetricsRead(rows, offset + end, bad, problems)
+            shown = text[:80].decode("utf-8", errors="replace")
+            problems.append(f"line {n}: {why}: {shown}{'...' if len(text) > 80 else ''}")
+    return MetricsRead(rows, offset + len(data), bad, problems, line + data.count(b"\n"),
+                       -1 if after is None else after)
+
+
+def read_metrics_checked(run_dir: str | os.PathLike[str], offset: int = 0, *, keep_problems: int = 5,
+                         line: int = 1, after: int = -1, max_step: int = STEP_MAX) -> MetricsRead:
+    """Valid rows of metrics.jsonl from byte `offset` (line number `line`; see
+    `check_metrics_row`), the new offset, the number of complete lines skipped (not JSON, not a
+    valid row, a step beyond `max_step` or not after the one before: `after` is the last valid
+    step of earlier reads), and the reasons for the first `keep_problems` of them
+    ("line N: reason: text").
+
+    A partial last line (being written) is left for the next call: the offset stops before it.
+    Blank lines are skipped without counting."""
+    return _read_checked(Path(run_dir) / METRICS_FILE, offset, line,
+                         lambda row: check_metrics_row(row, max_step=max_step), keep_problems, after)
+
+
+def read_events_checked(run_dir: str | os.PathLike[str], offset: int = 0, *, keep_problems: int = 5,
+                        line: int = 1) -> MetricsRead:
+    """Valid events of events.jsonl from byte `offset` (see `check_event_row`), as
+    `read_metrics_checked` reads metrics rows (steps of events need not go up)."""
+    return _read_checked(Path(run_dir) / EVENTS_FILE, offset, line, check_event_row, keep_problems)
 
 
 BAD_ROW_EXAMPLES = 5
@@ -504,13 +570,13 @@ BAD_ROW_EXAMPLES = 5
 
 
 def bad_rows_summary(got: MetricsRead, run_dir: str | os.PathLike[str],
-                     earlier: dict | None = None) -> dict | None:
-    """What the driver keeps of the rows a read skipped (an attempt's summary["bad_metric_rows"]):
-    {"count", "examples" ("byte N: reason: line"), "file"}, added to `earlier`; `earlier`
-    itself when the read skipped none."""
+                     earlier: dict | None = None, *, name: str = METRICS_FILE) -> dict | None:
+    """What the driver keeps of the rows a read of file `name` skipped (an attempt's
+    summary["bad_metric_rows"] or ["bad_event_rows"]): {"count", "examples" ("line N: reason:
+    text"), "file"}, added to `earlier`; `earlier` itself when the read skipped none."""
     if not got.bad:
         return earlier
-    earlier = earlier or {"count": 0, "examples": [], "file": str(Path(run_dir) / METRICS_FILE)}
+    earlier = earlier or {"count": 0, "examples": [], "file": str(Path(run_dir) / name)}
     return {**earlier, "count": earlier["count"] + got.bad,
             "examples": (earlier["examples"] + got.problems)[:BAD_ROW_EXAMPLES]}
 
@@ -564,15 +630,78 @@ def begin_checkpoint(checkpoint_dir: str | os.PathLike[str], step: int, *, rank:
 
 def complete_checkpoint(path: str | os.PathLike[str], *, step: int, tokens: int, rank: int, **extra: Any) -> None:
     """Call after a barrier that follows every rank's save: rank 0 writes meta.json (step,
-    tokens, time, every file's size, `extra`) and then `.complete`, the marker resumes trust."""
+    tokens, time, every file's size and checksum, `extra`) and then `.complete`, the marker
+    resumes trust. `check_checkpoint_files` verifies both before a load."""
     if rank != 0:
         return
     path = Path(path)
-    files = {f.name: f.stat().st_size for f in sorted(path.iterdir())
-             if f.is_file() and f.name not in (META_FILE, COMPLETE_MARKER)}
-    meta = {"step": step, "tokens": tokens, "time": time.time(), **extra, "files": files}
+    names = [f for f in sorted(path.iterdir()) if f.is_file() and f.name not in (META_FILE, COMPLETE_MARKER)
+             and not f.name.startswith(RANK_CHECKSUMS)]
+    files = {f.name: f.stat().st_size for f in names}
+    known = _rank_checksums(path)
+    checksums = {f.name: known.get(f.name) or file_checksum(f) for f in names}
+    meta = {"step": step, "tokens": tokens, "time": time.time(), **extra, "files": files, "checksums": checksums}
     write_durable(path / META_FILE, json.dumps(meta).encode())
     write_durable(path / COMPLETE_MARKER, b"")  # after meta.json is on disk: the marker is trusted
+
+
+CHECKSUM_CHUNK = 4 << 20
+"""Bytes read at a time when checksumming a checkpoint file."""
+
+
+def file_checksum(path: str | os.PathLike[str]) -> str:
+    """"crc32:XXXXXXXX" of the file's bytes (zlib's CRC-32: ~1.4 GB/s here, stdlib; it is for
+    corruption on disk, not for tampering)."""
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHECKSUM_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return f"crc32:{crc:08x}"
+
+
+RANK_CHECKSUMS = "checksums-rank-"
+"""Prefix of the files in which each rank of the built-in trainer leaves the checksums of the
+shards it wrote (`write_rank_checksums`); `complete_checkpoint` folds them into meta.json."""
+
+
+def write_rank_checksums(path: str | os.PathLike[str], rank: int, names: list[str]) -> None:
+    """Checksum the files `names` of checkpoint folder `path` (this rank's own shards) into
+    `checksums-rank-RRRRR.json`, durable before the save's barrier."""
+    sums = {name: file_checksum(Path(path) / name) for name in names}
+    write_durable(Path(path) / f"{RANK_CHECKSUMS}{rank:05d}.json", json.dumps(sums).encode())
+
+
+def _rank_checksums(path: Path) -> dict[str, str]:
+    """The checksums the ranks left in `path` (a file that cannot be read is computed again)."""
+    out: dict[str, str] = {}
+    for f in path.glob(f"{RANK_CHECKSUMS}*.json"):
+        try:
+            got = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(got, dict):
+            out.update({k: v for k, v in got.items() if isinstance(k, str) and isinstance(v, str)})
+    return out
+
+
+def check_checkpoint_files(path: str | os.PathLike[str]) -> str | None:
+    """None if the checkpoint folder's files match its meta.json (each file present, of the
+    recorded size and, where meta.json has one, checksum); else what is wrong, naming the file."""
+    p = Path(path)
+    try:
+        meta = json.loads((p / META_FILE).read_text())
+        files, sums = dict(meta.get("files") or {}), dict(meta.get("checksums") or {})
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        return f"unreadable {META_FILE}: {exc}"
+    for name, size in files.items():
+        f = p / name
+        if not f.is_file():
+            return f"missing file {name}"
+        if f.stat().st_size != size:
+            return f"{name} has {f.stat().st_size} bytes, expected {size} (truncated?)"
+        if name in sums and (got := file_checksum(f)) != sums[name]:
+            return f"{name} has checksum {got}, expected {sums[name]} (corrupted)"
+    return None
 
 
 def write_durable(path: str | os.PathLike[str], data: bytes) -> None:
@@ -639,46 +768,30 @@ def append_metrics(run_dir: str | os.PathLike[str], rows: list[dict[str, Any]]) 
         os.close(fd)
 
 
-def read_metrics(run_dir: str | os.PathLike[str], offset: int = 0) -> tuple[list[dict], int]:
+def read_metrics(run_dir: str | os.PathLike[str], offset: int = 0, *, after: int = -1,
+                 max_step: int = STEP_MAX) -> tuple[list[dict], int]:
     """Valid rows of metrics.jsonl from byte `offset`; returns (rows, new_offset).
 
     A partial last line (being written) is left for the next call: new_offset stops
-    before it. Invalid lines (not JSON, or not a valid row: see `check_metrics_row`) are
-    skipped; `read_metrics_checked` also counts them so callers can warn."""
-    got = read_metrics_checked(run_dir, offset)
+    before it. Invalid lines (not JSON, not a valid row: see `check_metrics_row`, a step
+    beyond `max_step` or not after `after` and the rows before it) are skipped;
+    `read_metrics_checked` also counts them so callers can warn."""
+    got = read_metrics_checked(run_dir, offset, after=after, max_step=max_step)
     return got.rows, got.offset
 
 
 def read_events(run_dir: str | os.PathLike[str]) -> list[dict]:
-    """All complete lines of events.jsonl."""
-    path = Path(run_dir) / EVENTS_FILE
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in text.splitlines(keepends=True):
-        if line.endswith("\n"):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-    return out
+    """All valid complete lines of events.jsonl (see `check_event_row`; others are skipped)."""
+    return read_events_checked(run_dir).rows
 
 
 def read_events_from(run_dir: str | os.PathLike[str], offset: int = 0) -> tuple[list[dict], int]:
-    """Complete lines of events.jsonl from byte `offset`; returns (events, new_offset).
+    """Valid complete lines of events.jsonl from byte `offset`; returns (events, new_offset).
 
     For a poll loop: reads only what was appended since the last call (`read_events` reads
     the whole file every time). A partial last line is left for the next call."""
-    data = _complete_lines(Path(run_dir) / EVENTS_FILE, offset)
-    out = []
-    for line in data.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out, offset + len(data)
+    got = read_events_checked(run_dir, offset)
+    return got.rows, got.offset
 
 
 def read_heartbeats(run_dir: str | os.PathLike[str]) -> dict[str, dict]:

@@ -16,10 +16,11 @@ import datetime as dt
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from campaign import contract, evidence, exits, goodput, reference, report, rundir
 from campaign.attempt import AttemptRequest, Interrupt, build_request, trainer_config
+from campaign.errors import WorkdirError
 from campaign.ledger import reads, writes
 from campaign.ledger.db import transient
 from campaign.ledger.models import Attempt, StageRun, utcnow
@@ -92,6 +93,7 @@ class StageContext:
         self.spec = engine.spec
         self.stage_dir = engine.run_root / run.name
         self._bad_rows: dict[int, dict[str, Any]] = {}  # attempt id -> summary["bad_metric_rows"] so far
+        self._read_at: dict[int, tuple[int, int]] = {}  # attempt id -> (next line, last valid step) of metrics.jsonl
 
     @property
     def ledger(self) -> Ledger:
@@ -228,7 +230,6 @@ class StageContext:
                 number, attempt_id = a.number, a.id
                 excluded = sorted({e.node for e in reads.list_exclusions(s, self.engine.site_name)})
         run_dir = rundir.attempt_dir(self.stage_dir, number)
-        run_dir.mkdir(parents=True, exist_ok=True)
         config = trainer_config(self.spec, targets, stage_dir=self.stage_dir, attempt=number, faults=faults)
         resume_from = contract.newest_complete(self.spec.trainer.checkpoints, ckpt) if targets.resume else None
         request = build_request(self.spec.site, config, run_dir=run_dir, nodes=n, excluded=excluded,
@@ -237,7 +238,11 @@ class StageContext:
                                 interrupt=Interrupt.model_validate(interrupt) if interrupt else None)
         if rotate:
             request = request.model_copy(update={"rotate": rotate})
-        request.config_path.write_text(config.model_dump_json(indent=2))
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            request.config_path.write_text(config.model_dump_json(indent=2))
+        except OSError as e:  # a full or read-only work directory: not the stage's fault, nothing launched
+            self._unlaunched(attempt_id, run_dir, e)
         steps = targets.steps
         self.engine.progress.attempt_started(self.run.name, number, n, steps, label)
         self.engine.current_run_dir = run_dir
@@ -250,7 +255,20 @@ class StageContext:
             rep, offset = self._supervise(request, attempt_id, steps)
         self.engine.current_run_dir = None
         self._ingest(attempt_id, run_dir, offset, steps, last=True)
-        return self._finish(attempt_id, number, run_dir, rep, ckpt)
+        return self._finish(attempt_id, number, run_dir, rep, ckpt, steps)
+
+    def _unlaunched(self, attempt_id: int, run_dir: Path, e: OSError) -> NoReturn:
+        """Close the attempt row of a launch the driver could not prepare, and stop the driver
+        with one line naming the cause (WorkdirError, exit 2): the campaign stays resumable."""
+        why = f"cannot write the attempt's run directory {run_dir}: {e.strerror or e}"
+        for unit in self.engine.writes("recording an attempt that could not start"):
+            with unit as s:
+                a = s.get(Attempt, attempt_id)
+                assert a is not None
+                writes.finish_attempt(s, a, state="crashed_systemic", exit_code=None, suspects=[],
+                                      summary={"error": why})
+        raise WorkdirError(f"{why}; free space there (or fix its permissions), then `campaign resume "
+                           f"{self.spec.name}`") from None
 
     def _supervise(self, request: AttemptRequest, attempt_id: int, steps: int) -> tuple[dict[str, Any], int]:
         """Start the supervisor through the engine's runner and ingest metrics until it returns."""
@@ -274,14 +292,25 @@ class StageContext:
         try:
             return future.result(), offset
         except Exception as e:  # the app itself failed: its block ended, or a bug/serialization problem
-            return _app_failure(e, run_dir), offset
+            # Its supervisor is gone (a lost worker: kill -9, the OOM killer) but the ranks it
+            # launched may train on: stop them, and see them gone, before anything relaunches
+            # into the same checkpoint folder; the last ingestion then takes all they wrote.
+            from campaign.recovery import stop_orphan
+
+            stopped = stop_orphan(run_dir, self.spec.site)
+            (run_dir / rundir.STOP_FILE).unlink(missing_ok=True)
+            rep = _app_failure(e, run_dir)
+            return {**rep, "error": f"{rep['error']}; {stopped}"}, offset
 
     def _ingest(self, attempt_id: int, run_dir: Path, offset: int, steps: int, *, last: bool = False) -> int:
         """Ingest metrics.jsonl from `offset`; returns the offset to go on from. While the
         ledger does not answer, the offset stays: the rows are ingested at a later tick
         (metrics.jsonl is the buffer), and the attempt goes on. `last`: the attempt has
-        ended, there is no later tick: retry through the outage (`Ledger.retrying`)."""
-        got = report.read_metrics_checked(run_dir, offset)
+        ended, there is no later tick: retry through the outage (`Ledger.retrying`).
+        Rows are checked (`report.check_metrics_row`, steps beyond `steps` or not going up):
+        a bad one is skipped and counted, and the driver warns once per attempt."""
+        line, after = self._read_at.get(attempt_id, (1, -1))
+        got = report.read_metrics_checked(run_dir, offset, line=line, after=after, max_step=steps)
         earlier = self._bad_rows.get(attempt_id)
         bad = report.bad_rows_summary(got, run_dir, earlier)
         if not (got.rows or got.bad):
@@ -299,6 +328,7 @@ class StageContext:
                     raise
                 self.engine.ledger_unreachable(e)
                 return offset  # read again at the next tick: nothing counted twice
+        self._read_at[attempt_id] = (got.line, got.last_step)
         if bad is not None and earlier is None:
             self.engine.progress.event(f"warning: {self.run.name} attempt {number}: {reads.bad_rows_line(bad)}")
         if bad is not None:
@@ -306,6 +336,17 @@ class StageContext:
         if got.rows:
             self.engine.progress.steps(self.run.name, got.rows[-1], steps)
         return got.offset
+
+    def _record_fallbacks(self, attempt_id: int, number: int, events: list[dict[str, Any]]) -> None:
+        """A ledger event for each checkpoint the trainer skipped at its start (a checksum or
+        size that does not match meta.json, a failed load), naming the one it really loaded."""
+        loaded = next((str(e.get("path")) for e in events if e["event"] == "checkpoint_loaded"), None)
+        for e in events:
+            if e["event"] == "checkpoint_skipped":
+                data = {"path": str(e.get("path")), "why": str(e.get("why")), "loaded": loaded}
+                self.event("checkpoint_skipped", f"{self.run.name} attempt {number}: checkpoint {data['path']} skipped "
+                           f"({data['why']}); loaded {loaded or 'none: started from step 0'}",
+                           attempt_id=attempt_id, data=data)
 
     @staticmethod
     def _write_rows(s: Any, attempt_id: int, rows: list[dict[str, Any]], bad: dict | None, earlier: dict | None) -> int:
@@ -317,12 +358,15 @@ class StageContext:
             writes.record_bad_metric_rows(s, a, bad, first=earlier is None)
         return int(a.number)
 
-    def _finish(self, attempt_id: int, number: int, run_dir: Path, rep: dict[str, Any], ckpt: Path) -> AttemptOutcome:
-        checked = report.read_metrics_checked(run_dir)  # the whole file: the count of bad rows is exact
+    def _finish(self, attempt_id: int, number: int, run_dir: Path, rep: dict[str, Any], ckpt: Path,
+                steps: int) -> AttemptOutcome:
+        checked = report.read_metrics_checked(run_dir, max_step=steps)  # the whole file: the bad-row count is exact
         metrics, summary = checked.rows, _summary(rep)
         bad = report.bad_rows_summary(checked, run_dir)
         if bad is not None:
             summary["bad_metric_rows"] = bad
+        events = report.read_events_checked(run_dir)
+        bad_events = report.bad_rows_summary(events, run_dir, name=report.EVENTS_FILE)
         checkpoints = contract.list_checkpoints(self.spec.trainer.checkpoints, ckpt) if ckpt.exists() else []
         for unit in self.engine.writes("recording the attempt's end"):
             with unit as s:
@@ -334,7 +378,12 @@ class StageContext:
                                              path=str(ck["path"]), complete=bool(ck["complete"]))
                 writes.finish_attempt(s, a, state=rep["exit_class"], exit_code=rep["exit_code"],
                                       suspects=rep.get("suspects", []), summary=summary)
-                goodput.record_attempt(s, a, report.read_events(run_dir))
+                if bad_events is not None:
+                    writes.record_bad_event_rows(s, a, bad_events)
+                goodput.record_attempt(s, a, events.rows)
+        if bad_events is not None:
+            self.engine.progress.event(f"warning: {self.run.name} attempt {number}: {reads.bad_rows_line(bad_events)}")
+        self._record_fallbacks(attempt_id, number, events.rows)
         self.engine.progress.attempt_finished(self.run.name, number, rep)
         if rep.get("rescue"):
             self.event("rescue", rescue_message(rep["rescue"]), attempt_id=attempt_id, data=rep["rescue"])

@@ -25,6 +25,7 @@ touches the ledger: the driver ingests `metrics.jsonl` and the report.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -184,8 +185,8 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
     metrics, _ = report.read_metrics(run_dir)
     finding = None
     if watched.killed_by is None and failure is not None:  # a crash: what does the evidence say?
-        finding = evidence.assess(_rank_exits(launch, run_dir, failure), first_step=bool(metrics), nodes=hosts,
-                                  same_poll_s=1.0)
+        finding = evidence.assess(_rank_exits(launch, run_dir, failure, watched.rescue), first_step=bool(metrics),
+                                  nodes=hosts, same_poll_s=1.0)
         if finding.primary:
             failure = Failure(finding.primary["rank"], finding.primary["exit_code"], finding.primary["node"],
                               failure.seen)
@@ -414,6 +415,7 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
     interrupt = request.interrupt
     timeout = request.timeout_s
     offsets = {"metrics": 0, "events": 0}
+    max_step = _max_step(request)
     rescued: dict[str, Any] | None = None
     seen: list[tuple[int, float, float]] = []  # a trainer's own metrics rows: (step, time, time)
     while True:
@@ -424,7 +426,7 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
                                  else None, rescue=rescued)
         if adapter is not None:
             adapter.poll(now)
-        rows = _observe(run_dir, watch, offsets, now)
+        rows = _observe(run_dir, watch, offsets, now, max_step=max_step)
         if adapter is not None and watch.final_event is None and _read_rank_finished(launch, request, watch):
             # Rank 0 exited 0 after its last step: the training outcome is known; ranks whose
             # output is not read get exit_s to follow, then are stopped (exit_hung), not relaunched.
@@ -512,7 +514,7 @@ def _rescue(launch: _Launch, request: AttemptRequest, hosts: list[str], watch: w
         out = json.loads(result.read_text())
     except (OSError, ValueError):
         out = {"rank": rank, "saved": False, "why": f"rank {rank} did not answer within {budget:.0f} s"}
-    return {**out, "waited_s": round(time.time() - t0, 3)}
+    return {**out, "rank": rank, "asked_at": t0, "waited_s": round(time.time() - t0, 3)}
 
 
 def _rescuer(launch: _Launch, request: AttemptRequest, hosts: list[str], avoid_nodes: set[str],
@@ -527,9 +529,20 @@ def _rescuer(launch: _Launch, request: AttemptRequest, hosts: list[str], avoid_n
     return -1
 
 
-def _observe(run_dir: Path, watch: watchdog.Watch, offsets: dict[str, int], now: float) -> list[dict[str, Any]]:
-    """Feed the watch what the run directory holds that is new; the new metrics rows."""
-    rows, offsets["metrics"] = report.read_metrics(run_dir, offsets["metrics"])
+def _max_step(request: AttemptRequest) -> int:
+    """The attempt's last step (CAMPAIGN_MAX_STEPS): a metrics row past it is not progress."""
+    try:
+        return min(int(request.env.get("CAMPAIGN_MAX_STEPS", "")), report.STEP_MAX)
+    except ValueError:
+        return report.STEP_MAX
+
+
+def _observe(run_dir: Path, watch: watchdog.Watch, offsets: dict[str, int], now: float, *,
+             max_step: int = report.STEP_MAX) -> list[dict[str, Any]]:
+    """Feed the watch what the run directory holds that is new (valid rows and events only: a
+    bad line is skipped, the driver counts it) and the heartbeats; the new metrics rows."""
+    rows, offsets["metrics"] = report.read_metrics(run_dir, offsets["metrics"], after=watch.last_step,
+                                                   max_step=max_step)
     watch.saw_steps(rows, now)
     events, offsets["events"] = report.read_events_from(run_dir, offsets["events"])
     watch.saw_events(events, now)
@@ -644,10 +657,16 @@ def launcher_failure(log: Path, failure: Failure) -> Failure:
     return Failure(rank, code, node, failure.seen)
 
 
-def _rank_exits(launch: _Launch, run_dir: Path, failure: Failure) -> list[evidence.RankExit]:
+def _rank_exits(launch: _Launch, run_dir: Path, failure: Failure,
+                rescue_asked: dict[str, Any] | None = None) -> list[evidence.RankExit]:
     """The evidence of a crash: every rank's exit with the tail of its log (local launcher),
-    or the failed rank the launcher named with its lines of the launcher's log."""
+    or the failed rank the launcher named with its lines of the launcher's log. The rescuer's
+    exit after it was asked to save is no evidence against its node (it is counted as
+    stopped): it worked on after its peer failed, and whatever killed it mid-save, its node
+    did not fail the job."""
     stopped = launch.stopped_at
+    rescuer = (rescue_asked or {}).get("rank")
+    asked_at = float((rescue_asked or {}).get("asked_at") or math.inf)
     if launch.procs and launch.procs[0][0] == -1:  # one launcher process (mpiexec, srun)
         log = rundir.launcher_log(run_dir)
         rank, code, node, seen = failure
@@ -661,7 +680,8 @@ def _rank_exits(launch: _Launch, run_dir: Path, failure: Failure) -> list[eviden
             log = rundir.rank_log(run_dir, rank)
             out.append(evidence.RankExit.from_popen(rank, node, code, seen, log_path=str(log),
                                                     log_tail=evidence.read_tail(log),
-                                                    stopped=stopped is not None and seen >= stopped))
+                                                    stopped=(stopped is not None and seen >= stopped)
+                                                    or (rank == rescuer and seen >= asked_at)))
     return out
 
 

@@ -24,7 +24,9 @@ The first launch on a node pays the import once (the server's); every later laun
 same scope reuses it. A scope is one block: `CAMPAIGN_WARM_SCOPE`, else the scheduler's job
 id, else the host. The server exits when idle for `CAMPAIGN_WARM_IDLE_S` (300 s). When
 `CAMPAIGN_WARM_PARENT` (`host:pid`, the block's process on this host) is gone it drains:
-no new launch is served, running ranks finish (as cold ones would), then it exits. It never
+no new launch is served, running ranks finish (as cold ones would), then it exits. A server that does
+not fork a client's child within `CAMPAIGN_WARM_ACK_S` (10 s) is taken for hung: the client
+kills it, removes its socket and starts cold; the next launch starts a new server. It never
 touches a device: CUDA or XPU start in each child.
 
 What a fork cannot give a child, and what is done instead (tested in tests/train/test_warm.py):
@@ -76,6 +78,9 @@ PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "numpy", "campaign
 IDLE_S = 300.0
 CONNECT_WAIT_S = 120.0
 """How long a client waits for a server it started (the server imports torch first)."""
+ACK_WAIT_S = 10.0
+"""How long a client waits for a connected server to fork its child (CAMPAIGN_WARM_ACK_S)
+before it takes the server for hung, replaces it and starts cold."""
 
 
 # --- framing: one JSON message per length-prefixed frame -----------------------------------
@@ -243,8 +248,19 @@ def client(argv: list[str]) -> int:
     for sig in FORWARDED:
         signal.signal(sig, forward)
     try:
-        _send(sock, _request(argv), [0, 1, 2])
-        child = int(_recv(sock)["pid"])
+        # A server that accepted the connection but does not answer (stopped, deadlocked,
+        # swapped out) would hold this rank forever: give it ACK_WAIT_S to fork the child,
+        # else replace it (kill it: its socket and pid file go) and start this rank cold.
+        wait = float(os.environ.get("CAMPAIGN_WARM_ACK_S", ACK_WAIT_S))
+        sock.settimeout(wait)
+        try:
+            _send(sock, _request(argv), [0, 1, 2])
+            child = int(_recv(sock)["pid"])
+        except TimeoutError:
+            sock.close()
+            _cold(argv, f"the server at {path} did not answer within {wait:.0f} s; "
+                        f"{_replace_hung(path)}")
+        sock.settimeout(None)  # the child may train for days
         for sig in pending:
             os.kill(child, sig)
         status = _recv(sock)
@@ -255,6 +271,29 @@ def client(argv: list[str]) -> int:
     if "signal" in status:
         _die_by(int(status["signal"]))
     return int(status["exit"])
+
+
+def _replace_hung(path: Path) -> str:
+    """Kill the server listening at `path` that did not answer, and remove its socket and pid
+    file: the next launch on this node starts a new one. Says what was done."""
+    pid = server_pid(path)
+    cmdline = b""
+    if pid:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            pass
+    if pid and b"campaign.executors.warm" in cmdline and str(path).encode() in cmdline:
+        try:
+            os.kill(pid, signal.SIGKILL)  # its children die with it (PR_SET_PDEATHSIG)
+        except (ProcessLookupError, PermissionError):
+            pass
+        killed = f"killed it (pid {pid})"
+    else:
+        killed = "its process is gone"
+    for stale in (path, path.with_suffix(".pid")):
+        stale.unlink(missing_ok=True)
+    return f"{killed}; the next launch starts a new server"
 
 
 def _die_by(sig: int) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from campaign.errors import LedgerError, NoLedger
+from campaign.errors import LeaseLost, LedgerError, NoLedger
 
 
 def default_url(workdir: str | Path) -> str:
@@ -29,8 +29,9 @@ def default_url(workdir: str | Path) -> str:
     return os.environ.get("CAMPAIGN_DB_URL") or f"sqlite:///{Path(workdir).resolve() / 'ledger.db'}"
 
 
-BUSY_S = 10.0
-"""How long a SQLite connection waits for another's lock before it says 'database is locked'."""
+BUSY_S = float(os.environ.get("CAMPAIGN_LEDGER_BUSY_S", "10"))
+"""How long a SQLite connection waits for another's lock before it says 'database is locked'
+(each try of a unit of work; `Ledger.retrying` tries again up to CAMPAIGN_LEDGER_OUTAGE_S)."""
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -112,16 +113,29 @@ def transient(e: BaseException) -> bool:
     return any(t in text for t in _TRANSIENT)
 
 
+def _sleep(seconds: float, interrupted: Callable[[], BaseException | None] | None) -> None:
+    """Sleep, but raise what `interrupted()` returns as soon as it returns something."""
+    end = time.monotonic() + seconds
+    while True:
+        stop = interrupted() if interrupted is not None else None
+        if stop is not None:
+            raise stop
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, 0.1))
+
+
 class _Try:
     """One try of a unit of work (see `Ledger.retrying`): a session that commits, and
     swallows a transient error so the loop can try again."""
 
-    def __init__(self, ledger: Ledger) -> None:
-        self.ledger, self.ok, self.error = ledger, False, None
+    def __init__(self, ledger: Ledger, *, fenced: bool = True) -> None:
+        self.ledger, self.ok, self.error, self.fenced = ledger, False, None, fenced
         self._cm: Any = None
 
     def __enter__(self) -> Session:
-        self._cm = self.ledger.session()  # a Session connects lazily: opening it cannot fail
+        self._cm = self.ledger.session(fenced=self.fenced)  # a Session connects lazily: opening it cannot fail
         return self._cm.__enter__()  # type: ignore[no-any-return]
 
     def __exit__(self, kind: Any, value: Any, tb: Any) -> bool:
@@ -148,9 +162,14 @@ class Ledger:
     url: str
     engine: sa.Engine
     _factory: sessionmaker[Session]
+    fence: tuple[int, str] | None = None
+    """(campaign id, lease token) while a driver holds a campaign's lease (`DriverLease`):
+    every unit of work then checks, in its own transaction, that the token still holds the
+    lease, and commits nothing if it does not (a fencing token)."""
 
     def retrying(self, what: str, *, outage_s: float | None = None,
-                 warn: Callable[[str], None] | None = None) -> Iterator[_Try]:
+                 warn: Callable[[str], None] | None = None, fenced: bool = True,
+                 interrupted: Callable[[], BaseException | None] | None = None) -> Iterator[_Try]:
         """A unit of work that outlives a ledger outage (the driver's writes use it):
 
             for unit in ledger.retrying("recording the attempt"):
@@ -160,11 +179,13 @@ class Ledger:
         Retries with backoff (0.25 s doubling to 5 s) for up to `outage_s` (default OUTAGE_S),
         telling `warn` once; then raises LedgerError naming the ledger and what was being done.
         A non-transient error is raised at once. Nothing is lost meanwhile: the trainer's
-        metrics.jsonl is the source, ingested again once the ledger answers."""
+        metrics.jsonl is the source, ingested again once the ledger answers. `interrupted()`,
+        asked between tries and while waiting, returns an exception to stop with (Ctrl-C
+        during an outage: the driver stops within a try, not after the outage)."""
         limit = OUTAGE_S if outage_s is None else outage_s
         start, delay, told = time.monotonic(), 0.25, False
         while True:
-            unit = _Try(self)
+            unit = _Try(self, fenced=fenced)
             yield unit
             if unit.ok:
                 return
@@ -176,15 +197,20 @@ class Ledger:
                 warn(f"the ledger is not answering ({str(unit.error).splitlines()[0][:160]}); retrying for up to "
                      f"{limit:.0f} s while {what}")
                 told = True
-            time.sleep(delay)
+            _sleep(delay, interrupted)
             delay = min(delay * 2, 5.0)
 
     @contextlib.contextmanager
-    def session(self) -> Iterator[Session]:
-        """One unit of work: commits on success, rolls back on any exception."""
+    def session(self, *, fenced: bool = True) -> Iterator[Session]:
+        """One unit of work: commits on success, rolls back on any exception. Under a lease
+        (`fence`), and unless `fenced` is false (the lease's own renewals), it first checks
+        the lease in the same transaction and raises LeaseLost instead of committing a write
+        of a driver that another one displaced."""
         s = self._factory()
         try:
             yield s
+            if fenced and self.fence is not None:
+                _check_fence(s, *self.fence)
             s.commit()
         except BaseException as e:
             s.rollback()
@@ -201,6 +227,37 @@ class Ledger:
     @property
     def display_url(self) -> str:
         return self.engine.url.render_as_string(hide_password=True)
+
+    def check_integrity(self) -> None:
+        """Raise a one-line LedgerError when a SQLite ledger fails `PRAGMA quick_check` (pages
+        that the open and the schema check never read may be bad: a driver must not build on
+        them). Postgres keeps its own checksums: nothing to do there."""
+        if self.engine.dialect.name != "sqlite":
+            return
+        try:
+            with self.engine.connect() as conn:
+                found = [str(r[0]) for r in conn.exec_driver_sql("PRAGMA quick_check(5)")]
+        except sa.exc.DBAPIError as e:  # so bad that the check itself stops
+            found = [str(e.orig)]
+        if found != ["ok"]:
+            raise LedgerError(f"the ledger at {self.display_url} fails PRAGMA quick_check ({found[0]}): restore it "
+                              "from a backup, or point --db / --workdir at another one")
+
+
+_FENCE = sa.text("UPDATE lease SET token = token WHERE campaign_id = :campaign AND token = :token")
+"""Touches the lease row only if this driver's token still holds it: in the unit of work's
+own transaction, so a take-over either committed before (0 rows: nothing is written) or waits
+for this transaction (the row's lock) and sees its writes as the old holder's last."""
+
+
+def _check_fence(s: Session, campaign_id: int, token: str) -> None:
+    if s.execute(_FENCE, {"campaign": campaign_id, "token": token}).rowcount == 1:
+        return
+    holder = s.execute(sa.text("SELECT pid, host FROM lease WHERE campaign_id = :c"), {"c": campaign_id}).first()
+    who = f"pid {holder[0]} on {holder[1]} took over this campaign's lease" if holder else \
+        "this campaign's lease was removed"
+    raise LeaseLost(f"{who}; this driver's write was not committed (fencing): it stops and leaves the running "
+                    "job to the new driver")
 
 
 def open_ledger(url: str, *, create: bool = True, check: bool = True) -> Ledger:

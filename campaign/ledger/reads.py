@@ -116,16 +116,18 @@ def describe_attempt(run: StageRun, a: Attempt) -> dict[str, Any]:
 
 
 def bad_rows_line(bad: dict[str, Any]) -> str:
-    """What a user reads about an attempt's skipped metrics rows (summary["bad_metric_rows"]):
-    the count, the file, the first row's reason."""
+    """What a user reads about an attempt's skipped rows (summary["bad_metric_rows"] or
+    ["bad_event_rows"]): the count, the file, the first row's line and reason."""
     first = f"; first: {bad['examples'][0]}" if bad.get("examples") else ""
-    return f"{bad.get('count')} bad row(s) of {bad.get('file')} skipped (not valid metrics rows){first}"
+    what = "events" if str(bad.get("file", "")).endswith("events.jsonl") else "metrics rows"
+    return f"{bad.get('count')} bad row(s) of {bad.get('file')} skipped (not valid {what}){first}"
 
 
 def attempt_warnings(pairs: Sequence[tuple[StageRun, Attempt]]) -> list[str]:
-    """One line per attempt whose metrics.jsonl held rows ingestion skipped."""
+    """One line per attempt and file (metrics.jsonl, events.jsonl) whose rows were skipped."""
     return [f"stage {run.name} attempt {a.number}: {bad_rows_line(bad)}" for run, a in pairs
-            if isinstance(bad := (a.summary or {}).get("bad_metric_rows"), dict) and bad.get("count")]
+            for key in ("bad_metric_rows", "bad_event_rows")
+            if isinstance(bad := (a.summary or {}).get(key), dict) and bad.get("count")]
 
 
 def list_news(s: Session, c: Campaign, *, limit: int = 10) -> Sequence[Event]:

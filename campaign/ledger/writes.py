@@ -102,6 +102,16 @@ def finish_attempt(s: Session, a: Attempt, *, state: str, exit_code: int | None,
               f"at step {a.last_step}", stage_run=run, attempt=a, data={"state": state, "exit_code": exit_code})
 
 
+def record_bad_event_rows(s: Session, a: Attempt, bad: dict[str, Any]) -> None:
+    """Keep in the attempt's summary the lines of its events.jsonl that were skipped
+    ({"count", "examples", "file"}), with an event that says so."""
+    a.summary = {**(a.summary or {}), "bad_event_rows": jsonable(bad)}
+    run = a.stage_run
+    add_event(s, run.campaign, "bad_event_rows", f"stage {run.name} attempt {a.number}: events skipped "
+              f"in {bad.get('file')}: {(bad.get('examples') or ['?'])[0]}", stage_run=run, attempt=a,
+              data={"count": bad.get("count")})
+
+
 def record_bad_metric_rows(s: Session, a: Attempt, bad: dict[str, Any], *, first: bool = False) -> None:
     """Keep in the attempt's summary the rows of its metrics.jsonl that ingestion skipped
     ({"count", "examples", "file"}); the first time, an event says so."""
@@ -169,7 +179,7 @@ def _step_values(attempt_id: int, r: dict[str, Any]) -> tuple[Any, ...]:
     for k in METRIC_FIELDS:
         v = get(k)
         if v is not None and type(v) is not float:  # floats (the common case) take one test
-            v = float(v) if isinstance(v, int) and not isinstance(v, bool) else None
+            v = float(v) if isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**1023 else None
         out.append(v if v is None or v - v == 0.0 else None)  # v - v is NaN for NaN and +-inf
     if out[3] is None and isinstance(get("loss"), float):
         # A non-finite loss is evidence: keep it, as +inf, since SQLite stores NaN as NULL.

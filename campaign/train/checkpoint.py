@@ -92,8 +92,15 @@ class _Writer(FileSystemWriter):
         return self
 
     def write_data(self, plan, planner):
+        """Write this rank's shards, then checksum them (`report.write_rank_checksums`): each
+        rank reads back only its own files while they are in its page cache, in parallel with
+        the other ranks, so rank 0's `complete_checkpoint` does not read the whole checkpoint."""
         self._before_write()
-        return super().write_data(plan, planner)
+        fut = super().write_data(plan, planner)
+        results = fut.wait()  # FileSystemWriter writes before it returns: the future is done
+        names = sorted({r.storage_data.relative_path for r in results})
+        report.write_rank_checksums(self.path, dist.get_rank() if dist.is_initialized() else 0, names)
+        return fut
 
 
 @dataclass
@@ -159,7 +166,7 @@ class Saver:
             (path / report.META_FILE).unlink(missing_ok=True)
             path.mkdir(parents=True, exist_ok=True)
         dist.barrier()
-        report.write_durable(path / f"rank-{rank:05d}.pt", rank_state(self.device, sched))
+        report.write_durable(path / f"rank-{rank:05d}.pt", rank_state(self.device, sched))  # checksummed by rank 0
         msd, osd = get_state_dict(model, optim)
         state = {"model": msd, "optim": osd}
         writer = self._writer(path, lambda: self.before_write(step))
@@ -262,19 +269,8 @@ def prune(root: str, keep_last: int) -> None:
 
 
 def verify(path: str) -> str | None:
-    """None if the checkpoint's files match meta.json; else what is wrong."""
-    p = Path(path)
-    try:
-        meta = json.loads((p / report.META_FILE).read_text())
-    except (OSError, ValueError) as exc:
-        return f"unreadable {report.META_FILE}: {exc}"
-    for name, size in meta.get("files", {}).items():
-        f = p / name
-        if not f.is_file():
-            return f"missing file {name}"
-        if f.stat().st_size != size:
-            return f"{name} has {f.stat().st_size} bytes, expected {size} (truncated?)"
-    return None
+    """None if the checkpoint's files match meta.json (sizes and checksums); else what is wrong."""
+    return report.check_checkpoint_files(path)
 
 
 def _broadcast(obj: Any) -> Any:
@@ -283,8 +279,11 @@ def _broadcast(obj: Any) -> Any:
     return box[0]
 
 
-def load_latest(root: str, *, model, optim, sched, device: torch.device) -> dict | None:
-    """Collective. Load the newest good complete checkpoint; returns its meta.json or None."""
+def load_latest(root: str, *, model, optim, sched, device: torch.device,
+                skipped: list[dict[str, str]] | None = None) -> dict | None:
+    """Collective. Load the newest good complete checkpoint; returns its meta.json (with
+    "path", the folder really loaded) or None. Each newer one that failed its checks or its
+    load is appended to `skipped` ({"path", "why"}) and the previous one is tried."""
     rank = dist.get_rank()
     candidates = [c["path"] for c in report.list_checkpoints(root) if c["complete"]]
     candidates = _broadcast(candidates[::-1] if rank == 0 else None)
@@ -293,7 +292,9 @@ def load_latest(root: str, *, model, optim, sched, device: torch.device) -> dict
         if problem is None:
             problem = _try_load(path, model, optim, sched, device)
         if problem is None:
-            return json.loads((Path(path) / report.META_FILE).read_text())
+            return {**json.loads((Path(path) / report.META_FILE).read_text()), "path": path}
+        if skipped is not None:
+            skipped.append({"path": path, "why": problem})
         if rank == 0:
             _warn(f"skipping checkpoint {path}: {problem}; trying the previous one")
     return None

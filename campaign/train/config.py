@@ -239,7 +239,7 @@ class Fault(_Strict):
 
     kind: Literal[
         "hang", "hang_in_collective", "crash", "slow", "sigkill", "data_off_by_one", "nonfinite",
-        "sigkill_in_checkpoint",
+        "sigkill_in_checkpoint", "sigkill_in_rescue",
     ]
     """What goes wrong (`nonfinite`: the rank's loss becomes NaN at `step`, test-only)."""
     step: int = Field(ge=1)

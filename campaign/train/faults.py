@@ -13,6 +13,8 @@
 - sigkill_in_checkpoint  SIGKILL itself when its shards of the checkpoint of step S start
                      being written (with async checkpoints: in the background, after
                      training went on), so that checkpoint never becomes complete
+- sigkill_in_rescue  SIGKILL itself when, as the rescuer, it starts writing a rescue
+                     checkpoint of step S or later (a rescuer dying mid-save)
 
 Hangs poll the SIGTERM flag and exit 143 when it is set; SIGKILL always works.
 """
@@ -97,6 +99,12 @@ class Faults:
         """Called by the thread that writes this rank's shards of the checkpoint of `step`."""
         if self._at("sigkill_in_checkpoint", step) is not None:
             print(f"campaign.train: fault sigkill_in_checkpoint at step {step}", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def in_rescue(self, step: int) -> None:
+        """Called by the rescuer as it starts writing its rescue checkpoint of `step`."""
+        if any(f.kind == "sigkill_in_rescue" and step >= f.step for f in self.mine):
+            print(f"campaign.train: fault sigkill_in_rescue at step {step}", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
     def nonfinite(self, step: int) -> bool:

@@ -153,7 +153,7 @@ def train(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
     saver = checkpoint.Saver(cfg.run.checkpoint_dir, device=env.device, keep_last=cfg.train.keep_last,
                              asynchronous=save_async(cfg.train, env.device), on_saved=on_saved,
                              before_write=faults.in_checkpoint)
-    res = _rescue(cfg, env, rep, stop, tr)
+    res = _rescue(cfg, env, rep, stop, tr, faults)
     try:
         code = _loop(cfg, env, rep, stop, tr, faults, saver, saves, res)
     except BaseException as exc:
@@ -169,7 +169,7 @@ def train(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
 
 
 def _rescue(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag,
-            tr: Trainer) -> rescue.Rescue | rescue.NoRescue:
+            tr: Trainer, faults: Faults) -> rescue.Rescue | rescue.NoRescue:
     """The rescue side of this rank (campaign.train.rescue), answering SIGUSR1, where the
     attempt asks for it and the state is replicated; else a null one."""
     if not (cfg.run.rescue and rescue.supported(wrapper=tr.wrapper, world_size=env.world_size, device=env.device)):
@@ -177,7 +177,7 @@ def _rescue(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFl
     res = rescue.Rescue(run_dir=str(rep.run_dir), checkpoint_dir=cfg.run.checkpoint_dir, rank=env.rank,
                         world_size=env.world_size, keep_last=cfg.train.keep_last,
                         state=lambda: (tr.model, tr.optim, tr.sched), cuda=env.device.type == "cuda",
-                        linger_s=cfg.run.rescue_linger_s)
+                        linger_s=cfg.run.rescue_linger_s, before_write=faults.in_rescue)
     stop.on_usr1 = res.on_signal
     return res
 
@@ -288,10 +288,11 @@ def _resume(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, tr: Trainer,
     t, run, sampler = cfg.train, cfg.run, tr.sampler
     step, tokens = 0, 0
     meta = None
+    skipped: list[dict[str, str]] = []  # newer checkpoints that failed their checksum or load
     if run.resume:
         rep.phase("checkpoint", 0)
         meta = checkpoint.load_latest(run.checkpoint_dir, model=tr.model, optim=tr.optim,
-                                      sched=tr.sched, device=env.device)
+                                      sched=tr.sched, device=env.device, skipped=skipped)
     if meta:
         step, tokens = meta["step"], meta["tokens"]
         sampler.position = meta["data_position"] + faults.data_shift(step)
@@ -302,9 +303,10 @@ def _resume(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, tr: Trainer,
     res.mark(step, tokens, sampler.position)
     rep.event("start", step, world_size=env.world_size, resumed=bool(meta), rescue=res.enabled,
               overlap_steps=overlap)
+    for sk in skipped:
+        rep.event("checkpoint_skipped", step, path=sk["path"], why=sk["why"])
     if meta:
-        rep.event("checkpoint_loaded", step, tokens=tokens,
-                  path=os.path.join(run.checkpoint_dir, report.checkpoint_name(step)))
+        rep.event("checkpoint_loaded", step, tokens=tokens, path=meta["path"])
     return step, tokens
 
 

@@ -83,8 +83,10 @@ class Rescue:
     enabled = True
 
     def __init__(self, *, run_dir: str, checkpoint_dir: str, rank: int, world_size: int,
-                 keep_last: int, state: Any, cuda: bool = False, linger_s: float = 20.0) -> None:
+                 keep_last: int, state: Any, cuda: bool = False, linger_s: float = 20.0,
+                 before_write: Any = None) -> None:
         self.run_dir, self.root = Path(run_dir), Path(checkpoint_dir)
+        self._before_write = before_write or (lambda step: None)  # a fault's hook (tests)
         self.rank, self.world_size, self.keep_last = rank, world_size, keep_last
         self._state, self.linger_s = state, linger_s
         self._lock = threading.Lock()
@@ -167,6 +169,7 @@ class Rescue:
         path = self.root / report.checkpoint_name(step)
         shutil.rmtree(path, ignore_errors=True)  # an incomplete periodic save of the same step
         path.mkdir(parents=True)
+        self._before_write(step)
         model, optim, sched = self._state()
         state = capture(model, optim, self._side)  # CUDA: copied to host; CPU: the live tensors
         # The optimizer began meanwhile (host: a new version; device: its event passed)?

@@ -143,3 +143,152 @@ def test_the_interchange_dying_under_an_attempt_does_not_hang_the_driver(ws: Wor
     view = ledger_view(ws, "lostxchg")
     assert view["stage"] == "passed"
     assert any(k == "block_restarted" and "interchange exited" in m for k, m in view["events"]), view["events"]
+
+
+STEPS = 100
+SLOW = {"kind": "slow", "step": 1, "delay_s": 0.02}
+"""At least 20 ms a step: the lost attempt's ranks would still train when Parsl reports the loss."""
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_lost_worker_stops_its_ranks_before_the_relaunch(ws: Workspace) -> None:
+    """Issue 30, item 1: the Parsl worker that runs the supervisor is killed (kill -9, as the
+    OOM killer would). Before, the relaunch started while the lost supervisor's ranks trained
+    on into the same checkpoint folder, and their later rows were never ingested. Now the
+    driver stops those ranks (and waits for them) before it records `block_lost`, ingests
+    every row they wrote, and the relaunch starts after their last one."""
+    spec = ws.write_spec(tiny_spec("lostwkr", [long_run(steps=STEPS, checkpoint_every=10, faults=[SLOW])]))
+    p = ws.popen("submit", str(spec), CAMPAIGN_ALLOW_FAULTS="1")
+    first = ws.workdir / "lostwkr" / "long" / "attempt-001"
+    wait_for_steps(first / "metrics.jsonl", 15)
+    pids = json.loads((first / "pids.json").read_text())
+    worker = _parent(pids["pgids"][0])  # the launch's processes are the supervisor's children
+    os.kill(worker, signal.SIGKILL)
+    out = finish(p, 300, "the driver hung after the supervisor's worker died")
+    view = ledger_view(ws, "lostwkr")
+    assert view["stage"] == "passed" and view["attempts"][0]["state"] == "block_lost", out
+    rows = [[json.loads(line) for line in (ws.workdir / "lostwkr" / "long" / f"attempt-{i:03d}" / "metrics.jsonl")
+             .read_text().splitlines()] for i in (1, 2)]
+    assert [s for s, _ in view["attempts"][0]["steps"]] == [r["step"] for r in rows[0]], "every orphan row ingested"
+    assert rows[1][0]["time"] > rows[0][-1]["time"], "the relaunch began after the lost attempt's last step"
+    assert not trainers_of(first), "no rank of the lost attempt survives"
+    assert view["exclusions"] == [], "a lost worker is not a node's fault"
+    steps = {s for a in view["attempts"] for s, _ in a["steps"]}
+    assert steps == set(range(1, STEPS + 1)), "no step lost"
+
+
+def _stat(pid: int) -> tuple[int, str, str] | None:
+    """(parent pid, state, start time) of a live process, or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), fields[0], fields[19]
+
+
+def _tagged(tag: str) -> dict[tuple[int, str], str]:
+    """Live processes whose environment holds PTABLE_TAG=`tag` (every process a driver started
+    inherits it: Parsl's block is started through a shell that exits, so it is no descendant
+    of the driver by parent pid): (pid, start time) -> command line."""
+    out = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or (st := _stat(int(proc.name))) is None or st[1] == "Z":
+            continue
+        try:
+            if f"PTABLE_TAG={tag}".encode() not in (proc / "environ").read_bytes():
+                continue
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:160]
+        except OSError:
+            continue
+        out[(int(proc.name), st[2])] = cmd
+    return out
+
+
+def _watch_tagged(tag: str, p: subprocess.Popen[str], seen: dict[tuple[int, str], str], until: Any) -> None:
+    """Every process started under `tag`, polled while `until()` is false and `p` runs."""
+    while not until() and p.poll() is None:
+        seen.update(_tagged(tag))
+        time.sleep(0.2)
+
+
+def _survivors(seen: dict[tuple[int, str], str], grace_s: float = 10.0) -> list[str]:
+    deadline = time.time() + grace_s
+    while True:
+        alive = [f"{pid} {cmd}" for (pid, start), cmd in seen.items()
+                 if (st := _stat(pid)) is not None and st[2] == start and st[1] != "Z"]
+        if not alive or time.time() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+def test_no_process_outlives_its_campaign(ws: Workspace) -> None:
+    """Issue 29, item 7 and issue 30, item 8: the process table after kill -9 of the driver
+    and `campaign resume`, and after a normal end. Every process the first driver started
+    (Parsl's interchange, the block's worker pool, its workers, multiprocessing's helpers,
+    the warm-start servers, the ranks) is gone once the resume has ended, and so is every
+    process the resume started (within 10 s of its exit)."""
+    spec = ws.write_spec(tiny_spec("ptable", [long_run(steps=40, checkpoint_every=10, faults=[SLOW])]))
+    first_seen: dict[tuple[int, str], str] = {}
+    p = ws.popen("submit", str(spec), CAMPAIGN_ALLOW_FAULTS="1", PTABLE_TAG="first")
+    metrics = ws.workdir / "ptable" / "long" / "attempt-001" / "metrics.jsonl"
+    _watch_tagged("first", p, first_seen, lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 5)
+    first_seen.update(_tagged("first"))
+    assert any("process_worker_pool" in c for c in first_seen.values()), first_seen
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    resumed_seen: dict[tuple[int, str], str] = {}
+    r = ws.popen("resume", "ptable", CAMPAIGN_ALLOW_FAULTS="1", PTABLE_TAG="resumed")
+    _watch_tagged("resumed", r, resumed_seen, lambda: False)
+    out = finish(r, 300, "resume hung")
+    assert r.returncode == 0, out
+    assert any("process_worker_pool" in c for c in resumed_seen.values()), resumed_seen
+    assert _survivors(first_seen, 0) == [], f"processes of the killed driver outlived the resume: {_survivors(first_seen, 0)}"
+    assert _survivors(resumed_seen) == [], f"processes of the resume outlived its normal end: {_survivors(resumed_seen, 0)}"
+
+
+def test_a_full_work_directory_ends_in_one_line_and_leaves_nothing_behind(ws: Workspace) -> None:
+    """Issue 30, items 6 and 8: the campaign's folder is a real tmpfs (root only) that fills
+    up under a running long run. The driver ends with one line naming the cause, no
+    traceback, no attempt left `running`, its lease released; nothing is left in /dev/shm."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    folder = ws.workdir / "enospc"
+    folder.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(folder)], capture_output=True,
+                             text=True)
+    assert mounted.returncode == 0, f"cannot mount a tmpfs for the test: {mounted.stderr}"
+    try:
+        spec = ws.write_spec(tiny_spec("enospc", [long_run(steps=400, checkpoint_every=1000)]))
+        p = ws.popen("submit", str(spec))
+        wait_for_steps(folder / "long" / "attempt-001" / "metrics.jsonl", 10)
+        with open(folder / "filler", "wb") as f:  # someone else's file fills the disk
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+            except OSError:
+                pass
+        out = finish(p, 120, "the driver hung on a full work directory")
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+    assert p.returncode in (1, 2), out
+    assert "Traceback" not in out, out
+    view = ledger_view(ws, "enospc")
+    assert all(a["state"] != "running" for a in view["attempts"]), view["attempts"]
+    assert "No space left on device" in out, out
+    ledger = ws.ledger()
+    try:
+        from campaign.ledger.models import Lease
+
+        with ledger.session() as s:
+            assert s.query(Lease).count() == 0, "the lease was released"
+    finally:
+        ledger.close()
+    from campaign.report import _node_local_dir
+
+    left = [d for i in range(1, len(view["attempts"]) + 1) for node in ("local-n0", "local-n1", "local-n2")
+            if (d := _node_local_dir(str(folder / "long" / f"attempt-{i:03d}"), node, str(i))).exists()]
+    assert left == [], "node-local state left in /dev/shm"

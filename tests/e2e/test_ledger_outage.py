@@ -96,3 +96,83 @@ def test_a_postgres_restart_loses_nothing(ws: Workspace, new_pg_url: Callable[[]
     assert code == 0, out
     stored, reported = rows_in_ledger(url, "pgrestart")
     assert stored == reported >= STEPS, "every step the trainer reported is in the ledger"
+
+
+def _lease_rows(db: Path) -> int:
+    con = sqlite3.connect(db, timeout=30)
+    try:
+        return int(con.execute("SELECT count(*) FROM lease").fetchone()[0])
+    finally:
+        con.close()
+
+
+def test_an_outage_longer_than_the_retry_budget_ends_in_one_line_and_resumes(ws: Workspace) -> None:
+    """Issue 30, item 6: near the attempt's end the SQLite write lock is held for 8 s, the
+    retry budget is 3 s (each try waits 1 s for the lock). The driver stops with one line
+    naming the ledger and the work (exit 2, no traceback; before: the stage recorded as
+    crashed, exit 1), releases its lease once the ledger answers again (retried), and `resume`
+    adopts every reported step."""
+    db = ws.workdir / "ledger.db"
+    steps = 60
+    spec = ws.write_spec(tiny_spec("budget", [{**long_run(), "steps": steps}]))
+    p = ws.popen("submit", str(spec), CAMPAIGN_LEDGER_OUTAGE_S="3", CAMPAIGN_LEDGER_BUSY_S="1")
+    metrics = ws.workdir / "budget" / "long" / "attempt-001" / "metrics.jsonl"
+    deadline = time.time() + 180
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < steps - 15):
+        time.sleep(0.05)
+    con = sqlite3.connect(db, isolation_level=None, timeout=30)
+    con.execute("BEGIN EXCLUSIVE")  # from near the attempt's end: its last writes cannot wait
+    time.sleep(8)
+    con.execute("COMMIT")
+    con.close()
+    try:
+        out, _ = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        pytest.fail("the driver did not stop after the outage")
+    assert p.returncode == 2, out
+    assert "Traceback" not in out, out
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and f"the ledger at sqlite:///{db} did not answer" in errors[0], out
+    assert _lease_rows(db) == 0, "the lease was released once the ledger answered"
+    r = ws.cli("resume", "budget")
+    assert r.code == 0, r.out + r.err
+    con = sqlite3.connect(db)
+    stored = con.execute("SELECT count(*) FROM step_metric JOIN attempt ON attempt.id = step_metric.attempt_id "
+                         "WHERE attempt.number = 1").fetchone()[0]
+    con.close()
+    assert stored == len(metrics.read_text().splitlines()) == steps, "every step the trainer reported is in the ledger"
+
+
+def test_ctrl_c_during_a_ledger_outage_stops_the_driver_within_seconds(ws: Workspace) -> None:
+    """Issue 30, item 6: Ctrl-C (SIGINT to the driver's process group) while the SQLite write
+    lock is held for 40 s: the driver stops the attempt and exits 130 within seconds, not once
+    the outage is over (before: it retried its writes until the lock was released); after the
+    outage `resume` finishes the campaign."""
+    db = ws.workdir / "ledger.db"
+    spec = ws.write_spec(tiny_spec("ctrlc", [{**long_run(), "steps": 400}]))
+    p = ws.popen("submit", str(spec), CAMPAIGN_LEDGER_BUSY_S="1")
+    metrics = ws.workdir / "ctrlc" / "long" / "attempt-001" / "metrics.jsonl"
+    deadline = time.time() + 180
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 10):
+        time.sleep(0.05)
+    con = sqlite3.connect(db, isolation_level=None, timeout=30)
+    con.execute("BEGIN EXCLUSIVE")
+    try:
+        time.sleep(2)  # the driver meets the outage
+        t0 = time.time()
+        os.killpg(p.pid, signal.SIGINT)
+        try:
+            out, _ = p.communicate(timeout=40)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            pytest.fail("the driver waited for the outage to end")
+        stopped_s = time.time() - t0
+    finally:
+        con.execute("COMMIT")
+        con.close()
+    assert p.returncode == 130, out
+    assert stopped_s < 10, f"stopped {stopped_s:.1f} s after Ctrl-C: {out}"
+    assert "Traceback" not in out, out
+    r = ws.cli("resume", "ctrlc")
+    assert r.code == 0, r.out + r.err

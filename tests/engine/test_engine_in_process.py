@@ -488,7 +488,7 @@ SLOW_TRAINER = textwrap.dedent('''
 def test_a_driver_that_lost_its_lease_stops_and_leaves_the_trainers_running(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 13 item 2: another driver took the lease (it judged this one dead). This driver
-    stops at its next renewal without touching the job: no STOP file, no signal, the attempt
+    stops at its next renewal or write (fencing) without touching the job: no STOP file, no signal, the attempt
     left as it was for the new holder to adopt or stop, the new holder's lease kept."""
     import threading
 
@@ -510,7 +510,7 @@ def test_a_driver_that_lost_its_lease_stops_and_leaves_the_trainers_running(
         while time.time() < deadline and not ((run_dir / "metrics.jsonl").exists()
                                                and len((run_dir / "metrics.jsonl").read_text().splitlines()) >= 3):
             time.sleep(0.1)
-        with engine.ledger.session() as s:
+        with engine.ledger.session(fenced=False) as s:  # the new holder's write, not this driver's
             s.execute(sa.update(Lease).values(token="the-new-holder", host="login9", pid=4242))
 
     intruder = threading.Thread(target=take_the_lease)

@@ -108,6 +108,22 @@ def test_export_of_a_ledger_that_breaks_midway_writes_nothing(tmp_path: Path) ->
     assert sorted(p.name for p in tmp_path.iterdir()) == ["steps.csv", "wd"], "no temporary file left"
 
 
+def test_resume_refuses_a_ledger_that_fails_quick_check(tmp_path: Path) -> None:
+    """Issue 30, item 4: bad pages deep in the step rows, which opening the ledger and
+    reading the campaign never touch: `resume` runs `PRAGMA quick_check` first and refuses."""
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    db = wd / "ledger.db"
+    _ledger_with_a_campaign(db, steps=20_000)
+    with db.open("r+b") as f:  # four pages of garbage at 60 % of the file: step rows
+        f.seek(db.stat().st_size * 6 // 10 // 4096 * 4096)
+        f.write(b"\xa5" * 4 * 4096)
+    before = _sha(db)
+    code, stdout, err = _cli("resume", "big", "--workdir", wd)
+    _one_line_error(code, err, f"the ledger at sqlite:///{db} fails PRAGMA quick_check")
+    assert _sha(db) == before
+
+
 @pytest.mark.skipif(os.geteuid() == 0 and not AS_USER, reason="root without setpriv cannot be refused a write")
 def test_submit_to_a_read_only_ledger(tmp_path: Path) -> None:
     wd = tmp_path / "wd"

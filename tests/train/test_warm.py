@@ -258,3 +258,38 @@ def test_a_rank_that_mpich_hands_pmi_by_descriptor_starts_cold_and_keeps_its_des
     assert done.stdout.count("open in pid") == 2
     assert done.stderr.count("PMI_FD=") == 2 and "starting cold" in done.stderr
     assert server_of() is None
+
+
+def test_a_hung_server_is_replaced_and_the_rank_starts_cold(tmp_path, scope):
+    """Issue 30, item 5: a server that accepts connections but never answers (SIGSTOPped
+    here) held every rank of every relaunch forever. The client gives it CAMPAIGN_WARM_ACK_S,
+    kills it, starts its rank cold (same exit code), and the next launch gets a new server."""
+    first = client(tmp_path, "0")
+    assert first.wait(timeout=180) == 0, output(first)
+    sock = warm.socket_path(warm.server_key(sys.executable, dict(os.environ)))
+    hung = warm.server_pid(sock)
+    assert hung
+    os.kill(hung, signal.SIGSTOP)
+    try:
+        t0 = time.time()
+        p = client(tmp_path, "3", env={"CAMPAIGN_WARM_ACK_S": "2"})
+        assert p.wait(timeout=60) == 3, output(p)
+        assert time.time() - t0 < 30
+        assert "did not answer within 2 s" in output(p) and f"killed it (pid {hung})" in output(p), output(p)
+        deadline = time.time() + 10
+        while time.time() < deadline and Path(f"/proc/{hung}").exists() and \
+                Path(f"/proc/{hung}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            time.sleep(0.1)
+        assert not Path(f"/proc/{hung}").exists() or \
+            Path(f"/proc/{hung}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", "the hung server is gone"
+        again = client(tmp_path, "0")
+        assert again.wait(timeout=180) == 0, output(again)
+        replaced = warm.server_pid(sock)
+        assert replaced and replaced != hung, "a new server serves the next launch"
+        probe = next(json.loads(line) for line in output(again).splitlines() if line.startswith("{"))
+        assert probe["ppid"] == replaced, "the rank was forked by the new server"
+    finally:
+        try:
+            os.kill(hung, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
