@@ -43,16 +43,23 @@ TRAINER = textwrap.dedent(f'''
 ''')
 
 
-def test_garbage_rows_are_skipped_counted_and_shown_by_status(tmp_path: Path, run_cli) -> None:
+def _smoke_of(tmp_path: Path, name: str, trainer: str) -> tuple[CampaignSpec, str, io.StringIO, Engine]:
+    """A one-stage campaign (a 5-step smoke test) of the trainer script `trainer`, on a SQLite
+    ledger in tmp_path: (spec, ledger URL, the driver's output, its engine)."""
     script = tmp_path / "trainer.py"
-    script.write_text(TRAINER)
+    script.write_text(trainer)
     spec = CampaignSpec.model_validate({
-        "name": "garbage", "site": {"kind": "local", "nodes": 1, "ranks_per_node": 1},
+        "name": name, "site": {"kind": "local", "nodes": 1, "ranks_per_node": 1},
         "trainer": {"command": [sys.executable, str(script)]},
         "stages": [{"name": "smoke", "kind": "smoke", "steps": 5, "timeout_s": 120}]})
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     log = io.StringIO()
     engine = Engine(spec, open_ledger(url), workdir=tmp_path / "campaigns", progress=Progress(log), runner=run_in_thread)
+    return spec, url, log, engine
+
+
+def test_garbage_rows_are_skipped_counted_and_shown_by_status(tmp_path: Path, run_cli) -> None:
+    spec, url, log, engine = _smoke_of(tmp_path, "garbage", TRAINER)
     try:
         assert engine.submit() == 0, log.getvalue()  # the stage went on and passed
         with engine.ledger.session() as s:
@@ -157,15 +164,7 @@ def test_adversarial_lines_neither_crash_nor_freeze_and_resume_still_works(tmp_p
     """Issue 30, item 2: 401-digit numbers, step 2147483647, a step going back, a cut line and
     bad events lines: every valid step is kept, each bad line skipped and counted, one warning
     per file names it and the line, and `campaign status` and `resume` work on the ledger."""
-    script = tmp_path / "trainer.py"
-    script.write_text(ADVERSARY_TRAINER)
-    spec = CampaignSpec.model_validate({
-        "name": "adversary", "site": {"kind": "local", "nodes": 1, "ranks_per_node": 1},
-        "trainer": {"command": [sys.executable, str(script)]},
-        "stages": [{"name": "smoke", "kind": "smoke", "steps": 5, "timeout_s": 120}]})
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    log = io.StringIO()
-    engine = Engine(spec, open_ledger(url), workdir=tmp_path / "campaigns", progress=Progress(log), runner=run_in_thread)
+    spec, url, log, engine = _smoke_of(tmp_path, "adversary", ADVERSARY_TRAINER)
     try:
         assert engine.submit() == 0, log.getvalue()
         with engine.ledger.session() as s:

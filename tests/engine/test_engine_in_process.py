@@ -168,21 +168,29 @@ def test_a_failure_names_the_missing_file_and_the_rank_log(tmp_path: Path) -> No
     assert [a["run_dir"] for a in detail["attempts_detail"]] == [str(run_dir)]  # what `campaign status` shows
 
 
-def test_a_stalled_stdout_trainer_is_stopped_without_blaming_its_node_for_missing_heartbeats(tmp_path: Path) -> None:
-    """Without heartbeats (progress: stdout) the watchdog still stops a stall on step progress,
-    and names no node for the heartbeats it never had."""
-    script = tmp_path / "stall.py"
-    script.write_text("import time\nfor s in (1, 2, 3):\n    print(f'iter {s}: loss 2.0', flush=True)\n"
-                      "    time.sleep(0.2)\ntime.sleep(600)\n")
+def _supervise_stdout_script(tmp_path: Path, body: str, *, steps: int, timeout_s: float,
+                             policy: WatchdogPolicy) -> dict:
+    """Supervise one attempt of a script (`import time` then `body`) whose progress is read
+    from its `iter N: loss X` lines; the supervisor's report."""
+    script = tmp_path / "script.py"
+    script.write_text("import time\n" + body)
     spec = _spec([{"kind": "smoke"}], command=["{python}", str(script)], nodes=1, progress="stdout",
                  step_pattern=r"iter (?P<step>\d+): loss (?P<loss>\S+)")
     run_dir = tmp_path / "attempt-001"
     run_dir.mkdir()
-    config = trainer_config(spec, Targets(steps=5), stage_dir=tmp_path, attempt=1)
+    config = trainer_config(spec, Targets(steps=steps), stage_dir=tmp_path, attempt=1)
     (run_dir / "trainer.json").write_text(config.model_dump_json())
-    policy = WatchdogPolicy(startup_s=20, floor_s=2.0, warmup_steps=0, warmup_s=2.0, heartbeat_stale_s=3, drill_s=0)
-    rep = supervise(build_request(spec.site, config, run_dir=run_dir, nodes=1, excluded=[], timeout_s=60,
-                                  master_port=None, spec_dir=tmp_path, watchdog=policy))
+    return supervise(build_request(spec.site, config, run_dir=run_dir, nodes=1, excluded=[], timeout_s=timeout_s,
+                                   master_port=None, spec_dir=tmp_path, watchdog=policy))
+
+
+def test_a_stalled_stdout_trainer_is_stopped_without_blaming_its_node_for_missing_heartbeats(tmp_path: Path) -> None:
+    """Without heartbeats (progress: stdout) the watchdog still stops a stall on step progress,
+    and names no node for the heartbeats it never had."""
+    rep = _supervise_stdout_script(
+        tmp_path, "for s in (1, 2, 3):\n    print(f'iter {s}: loss 2.0', flush=True)\n    time.sleep(0.2)\n"
+        "time.sleep(600)\n", steps=5, timeout_s=60,
+        policy=WatchdogPolicy(startup_s=20, floor_s=2.0, warmup_steps=0, warmup_s=2.0, heartbeat_stale_s=3, drill_s=0))
     assert (rep["exit_class"], rep["last_step"], rep["suspects"]) == ("stalled", 3, [])
     assert "no new step" in rep["stall"]
 
@@ -190,18 +198,9 @@ def test_a_stalled_stdout_trainer_is_stopped_without_blaming_its_node_for_missin
 def test_the_hard_timeout_is_its_own_class_not_a_stall(tmp_path: Path) -> None:
     """Issue 27 item 4: a trainer still making progress when the attempt's timeout_s passes
     ends `timed_out` (exit 124), and the reason says so, with the step it had reached."""
-    script = tmp_path / "slow.py"
-    script.write_text("import time\nfor s in range(1, 1000):\n    print(f'iter {s}: loss 2.0', flush=True)\n"
-                      "    time.sleep(0.1)\n")
-    spec = _spec([{"kind": "smoke"}], command=["{python}", str(script)], nodes=1, progress="stdout",
-                 step_pattern=r"iter (?P<step>\d+): loss (?P<loss>\S+)")
-    run_dir = tmp_path / "attempt-001"
-    run_dir.mkdir()
-    config = trainer_config(spec, Targets(steps=999), stage_dir=tmp_path, attempt=1)
-    (run_dir / "trainer.json").write_text(config.model_dump_json())
-    policy = WatchdogPolicy(startup_s=20, floor_s=5.0, warmup_steps=0, warmup_s=5.0, drill_s=0)
-    rep = supervise(build_request(spec.site, config, run_dir=run_dir, nodes=1, excluded=[], timeout_s=3,
-                                  master_port=None, spec_dir=tmp_path, watchdog=policy))
+    rep = _supervise_stdout_script(
+        tmp_path, "for s in range(1, 1000):\n    print(f'iter {s}: loss 2.0', flush=True)\n    time.sleep(0.1)\n",
+        steps=999, timeout_s=3, policy=WatchdogPolicy(startup_s=20, floor_s=5.0, warmup_steps=0, warmup_s=5.0, drill_s=0))
     assert (rep["exit_class"], rep["exit_code"], rep["killed_by"]) == ("timed_out", 124, "timeout"), rep
     assert rep["stall"].startswith("hard timeout of 3 s (the stage's timeout_s) at step ") and rep["last_step"] > 5
 
