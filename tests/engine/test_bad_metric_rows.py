@@ -91,21 +91,13 @@ def test_garbage_rows_are_skipped_counted_and_shown_by_status(tmp_path: Path, ru
 def test_an_adopted_orphan_keeps_the_count_of_its_bad_rows(tmp_path: Path) -> None:
     """A driver that died left the attempt open; the next one adopts its metrics.jsonl whole
     (recovery.adopt_orphan) and records how many rows it skipped, and why."""
-    from campaign.ledger import writes
-    from campaign.recovery import adopt_orphan
-
     run_dir = tmp_path / "attempt-001"
     run_dir.mkdir()
     valid = [json.dumps({"step": i, "tokens": i * 8, "loss": 2.0}) for i in range(1, 4)]
     (run_dir / "metrics.jsonl").write_text("\n".join([valid[0], *GARBAGE, *valid[1:]]) + "\n")
     led = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
     try:
-        with led.session() as s:
-            c = writes.create_campaign(s, name="orphan", digest="0" * 64, spec_json={}, source="", site="local",
-                                       workdir=str(tmp_path))
-            (run,) = writes.ensure_stage_runs(s, c, [("long", "long_run")])
-            a = writes.create_attempt(s, run, nodes=["local-n0"], ranks_per_node=1, run_dir=str(run_dir))
-            assert adopt_orphan(s, a)["steps"] == 3
+        assert _adopt(led, tmp_path, run_dir)["steps"] == 3
         with led.session() as s:
             c = reads.get_campaign(s, "orphan")
             [(_, a)] = reads.list_attempts(s, c)
@@ -207,9 +199,6 @@ def test_adversarial_lines_neither_crash_nor_freeze_and_resume_still_works(tmp_p
 def test_an_adopted_orphan_with_adversarial_lines_is_adopted_without_a_traceback(tmp_path: Path) -> None:
     """`campaign resume` adopts a dead driver's attempt whole (recovery.adopt_orphan): the same
     lines that crashed every resume before (a 401-digit float column) are skipped and counted."""
-    from campaign.ledger import writes
-    from campaign.recovery import adopt_orphan
-
     run_dir = tmp_path / "attempt-001"
     run_dir.mkdir()
     valid = [json.dumps({"step": i, "tokens": i * 8, "loss": 2.0}) for i in range(1, 6)]
@@ -218,15 +207,24 @@ def test_an_adopted_orphan_with_adversarial_lines_is_adopted_without_a_traceback
     (run_dir / "trainer.json").write_text(json.dumps({"run": {"max_steps": 5, "checkpoint_dir": str(tmp_path / "ck")}}))
     led = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
     try:
-        with led.session() as s:
-            c = writes.create_campaign(s, name="orphan", digest="0" * 64, spec_json={}, source="", site="local",
-                                       workdir=str(tmp_path))
-            (run,) = writes.ensure_stage_runs(s, c, [("long", "long_run")])
-            a = writes.create_attempt(s, run, nodes=["local-n0"], ranks_per_node=1, run_dir=str(run_dir))
-            assert adopt_orphan(s, a)["steps"] == 5
+        assert _adopt(led, tmp_path, run_dir)["steps"] == 5
         with led.session() as s:
             [(run, a)] = reads.list_attempts(s, reads.get_campaign(s, "orphan"))
             assert (a.last_step, a.tokens, run.tokens) == (5, 40, 40)
             assert a.summary["bad_metric_rows"]["count"] == 6
     finally:
         led.close()
+
+
+def _adopt(led, tmp_path: Path, run_dir: Path) -> dict:
+    """What `campaign resume` does with an orphaned attempt of a campaign `orphan` whose run
+    directory is `run_dir`: `adopt_orphan`'s result."""
+    from campaign.ledger import writes
+    from campaign.recovery import adopt_orphan
+
+    with led.session() as s:
+        c = writes.create_campaign(s, name="orphan", digest="0" * 64, spec_json={}, source="", site="local",
+                                   workdir=str(tmp_path))
+        (run,) = writes.ensure_stage_runs(s, c, [("long", "long_run")])
+        a = writes.create_attempt(s, run, nodes=["local-n0"], ranks_per_node=1, run_dir=str(run_dir))
+        return adopt_orphan(s, a)
