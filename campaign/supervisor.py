@@ -365,7 +365,7 @@ class ProgressAdapter:
 def _read_rank_finished(launch: _Launch, request: AttemptRequest, watch: watchdog.Watch) -> bool:
     """With `progress: stdout`: has the rank whose output is read (rank 0; the launcher's with
     mpiexec/srun) exited 0 after reporting the attempt's last step?"""
-    target = int(request.env.get("CAMPAIGN_MAX_STEPS") or 0) + 1 - request.progress_first_step
+    target = _max_step(request)
     for i, (rank, _, _) in enumerate(launch.procs):
         if rank == 0 and i in launch.exits:
             return launch.exits[i][0] == 0 and watch.last_step >= target
@@ -530,11 +530,14 @@ def _rescuer(launch: _Launch, request: AttemptRequest, hosts: list[str], avoid_n
 
 
 def _max_step(request: AttemptRequest) -> int:
-    """The attempt's last step (CAMPAIGN_MAX_STEPS): a metrics row past it is not progress."""
+    """The attempt's last step as metrics.jsonl numbers it: a row past it is not progress.
+    CAMPAIGN_MAX_STEPS is in the trainer's own numbering (`trainer.first_step`: a trainer
+    counting from 0 is told one less), the rows in the ledger's (from 1)."""
     try:
-        return min(int(request.env.get("CAMPAIGN_MAX_STEPS", "")), report.STEP_MAX)
+        last = int(request.env.get("CAMPAIGN_MAX_STEPS", "")) + 1 - request.progress_first_step
     except ValueError:
         return report.STEP_MAX
+    return min(last, report.STEP_MAX)
 
 
 def _observe(run_dir: Path, watch: watchdog.Watch, offsets: dict[str, int], now: float, *,

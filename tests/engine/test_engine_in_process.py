@@ -169,18 +169,18 @@ def test_a_failure_names_the_missing_file_and_the_rank_log(tmp_path: Path) -> No
 
 
 def _supervise_stdout_script(tmp_path: Path, body: str, *, steps: int, timeout_s: float,
-                             policy: WatchdogPolicy) -> dict:
+                             policy: WatchdogPolicy, first_step: int = 1, nodes: int = 1) -> dict:
     """Supervise one attempt of a script (`import time` then `body`) whose progress is read
     from its `iter N: loss X` lines; the supervisor's report."""
     script = tmp_path / "script.py"
     script.write_text("import time\n" + body)
-    spec = _spec([{"kind": "smoke"}], command=["{python}", str(script)], nodes=1, progress="stdout",
-                 step_pattern=r"iter (?P<step>\d+): loss (?P<loss>\S+)")
+    spec = _spec([{"kind": "smoke"}], command=["{python}", str(script)], nodes=nodes, progress="stdout",
+                 step_pattern=r"iter (?P<step>\d+): loss (?P<loss>\S+)", first_step=first_step)
     run_dir = tmp_path / "attempt-001"
     run_dir.mkdir()
     config = trainer_config(spec, Targets(steps=steps), stage_dir=tmp_path, attempt=1)
     (run_dir / "trainer.json").write_text(config.model_dump_json())
-    return supervise(build_request(spec.site, config, run_dir=run_dir, nodes=1, excluded=[], timeout_s=timeout_s,
+    return supervise(build_request(spec.site, config, run_dir=run_dir, nodes=nodes, excluded=[], timeout_s=timeout_s,
                                    master_port=None, spec_dir=tmp_path, watchdog=policy))
 
 
@@ -193,6 +193,18 @@ def test_a_stalled_stdout_trainer_is_stopped_without_blaming_its_node_for_missin
         policy=WatchdogPolicy(startup_s=20, floor_s=2.0, warmup_steps=0, warmup_s=2.0, heartbeat_stale_s=3, drill_s=0))
     assert (rep["exit_class"], rep["last_step"], rep["suspects"]) == ("stalled", 3, [])
     assert "no new step" in rep["stall"]
+
+
+def test_a_trainer_counting_from_0_reaches_its_last_step_and_ends_when_its_read_rank_does(tmp_path: Path) -> None:
+    """Found when issues 27 and 30 met: CAMPAIGN_MAX_STEPS is in the trainer's numbering (4 for
+    5 steps from 0), the rows in the ledger's (5); the row of the last step was taken for one
+    past the attempt's end and dropped, so the finished run looked stalled."""
+    rep = _supervise_stdout_script(  # rank 0 (read) trains steps 0-4 and exits; rank 1 hangs
+        tmp_path, "import os\nfor s in range(int(os.environ['CAMPAIGN_MAX_STEPS']) + 1):\n"
+        "    print(f'iter {s}: loss 2.0', flush=True)\nif os.environ['RANK'] != '0':\n    time.sleep(600)\n",
+        steps=5, timeout_s=60, first_step=0, nodes=2,
+        policy=WatchdogPolicy(startup_s=20, floor_s=20.0, warmup_steps=0, warmup_s=20.0, exit_s=2, drill_s=0))
+    assert (rep["last_step"], rep["killed_by"], rep["exit_class"]) == (5, "exit_hung", "succeeded"), rep
 
 
 def test_the_hard_timeout_is_its_own_class_not_a_stall(tmp_path: Path) -> None:
