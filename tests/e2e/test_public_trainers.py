@@ -28,6 +28,15 @@ TRAINERS = REPO.parent / "shared" / "trainers"
 NANOGPT = TRAINERS / "nanogpt"
 FSDP2 = TRAINERS / "fsdp2-example"
 
+
+@pytest.fixture(autouse=True)
+def _public_trainers_beside_the_clone() -> None:
+    """The scripts are read from shared/ beside the clone, as CI lays it out; say so plainly
+    instead of failing in `cd` (a clone elsewhere has no ../shared)."""
+    if not (NANOGPT / "train.py").is_file() or not (FSDP2 / "example.py").is_file():
+        pytest.fail(f"the public trainers are not at {TRAINERS} (shared/trainers beside the clone, as CI lays it "
+                    "out; see its README)", pytrace=False)
+
 # sh -c SCRIPT {python} {checkpoint_every} ARGS...: $0 is the interpreter, $1 the checkpoint period.
 # A replica without a ckpt.pt of its own (rank 1 killed before its save) starts afresh: the last
 # --init_from wins in nanoGPT's configurator.
