@@ -170,10 +170,13 @@ def test_a_lost_worker_stops_its_ranks_before_the_relaunch(ws: Workspace) -> Non
     out = finish(p, 300, "the driver hung after the supervisor's worker died")
     view = ledger_view(ws, "lostwkr")
     assert view["stage"] == "passed" and view["attempts"][0]["state"] == "block_lost", out
-    rows = [[json.loads(line) for line in (ws.workdir / "lostwkr" / "long" / f"attempt-{i:03d}" / "metrics.jsonl")
-             .read_text().splitlines()] for i in (1, 2)]
+    files = [ws.workdir / "lostwkr" / "long" / f"attempt-{i:03d}" / "metrics.jsonl" for i in (1, 2)]
+    rows = [[json.loads(line) for line in f.read_text().splitlines()] if f.exists() else [] for f in files]
     assert [s for s, _ in view["attempts"][0]["steps"]] == [r["step"] for r in rows[0]], "every orphan row ingested"
-    assert rows[1][0]["time"] > rows[0][-1]["time"], "the relaunch began after the lost attempt's last step"
+    # The lost attempt's ranks may reach the last step before the driver learns the worker is
+    # gone (seen on an idle machine): then the relaunch loads that step and trains none.
+    assert rows[1] == [] and rows[0][-1]["step"] == STEPS or rows[1][0]["time"] > rows[0][-1]["time"], \
+        "the relaunch began after the lost attempt's last step"
     assert not trainers_of(first), "no rank of the lost attempt survives"
     assert view["exclusions"] == [], "a lost worker is not a node's fault"
     steps = {s for a in view["attempts"] for s, _ in a["steps"]}
