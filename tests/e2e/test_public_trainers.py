@@ -162,10 +162,12 @@ def test_a_kill_of_nanogpt_relaunches_from_its_own_checkpoint_and_says_so(ws: Wo
 
 
 def test_a_hang_on_a_rank_whose_output_is_not_read_does_not_relaunch_a_finished_run(ws: Workspace) -> None:
-    """Issue 27 item 6: rank 1 hangs (SIGSTOP), rank 0 (read) reports every step and exits 0."""
-    spec = nanogpt_spec(ws, [{"kind": "long_run", "steps": 10, "checkpoint_every": 5, "timeout_s": 180,
+    """Issue 27 item 6: rank 1 hangs (SIGSTOP), rank 0 (read) reports every step and exits 0.
+    The replicas train independently, so the run is long enough (60 steps) that rank 1 is still
+    training when rank 0's first step reaches the ledger (10 steps ended first on a fast machine)."""
+    spec = nanogpt_spec(ws, [{"kind": "long_run", "steps": 60, "checkpoint_every": 30, "timeout_s": 180,
                               "backoff_s": 0, "watchdog": {"exit_s": 3, "drill_s": 0}}], name="nanogpt-hang")
-    inject, out = _drill(ws, spec, "hang", 1, after_step=2)
+    inject, out = _drill(ws, spec, "hang", 1, after_step=1)
     assert inject.code == 0, inject.out + inject.err
     view = ledger_view(ws, "nanogpt-hang")
     assert view["stage"] == "passed" and len(view["attempts"]) == 1, (out[-3000:], view["attempts"])
