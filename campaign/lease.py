@@ -113,13 +113,16 @@ class DriverLease:
             raise CampaignConflict(
                 f"campaign {c.name!r} is being driven by pid {held.pid} on {held.host} (lease renewed {age:.0f} s "
                 f"ago{stalled}); watch it with `campaign status {c.name}`, or stop it with `campaign cancel {c.name}`")
+        # The ORM UPDATE below synchronizes `held` in the session (its host and pid become ours):
+        # name the holder from what it was before, or the event would name this driver.
+        was_host, was_pid = held.host, held.pid
         taken = s.execute(sa.update(Lease).where(Lease.campaign_id == c.id, Lease.token == held.token)
                           .values(host=self.host, pid=self.pid, token=self.token, ttl_s=self.ttl_s, renewed=now))
         if taken.rowcount != 1:
             raise CampaignConflict(f"campaign {c.name!r}: another driver took over the stale lease first; "
                                    f"watch it with `campaign status {c.name}`")
-        self.took_over = {"host": held.host, "pid": held.pid, "age_s": round(age, 1), "dead": here}
-        writes.add_event(s, c, "lease_taken_over", f"took over a stale lease of pid {held.pid} on {held.host} "
+        self.took_over = {"host": was_host, "pid": was_pid, "age_s": round(age, 1), "dead": here}
+        writes.add_event(s, c, "lease_taken_over", f"took over a stale lease of pid {was_pid} on {was_host} "
                          f"({'process gone' if here else f'not renewed for {age:.0f} s'})")
 
     def _renew(self) -> None:

@@ -63,7 +63,10 @@ def test_a_dead_drivers_lease_is_taken_over_and_recorded(ledger: Ledger, campaig
         assert _holder(ledger, campaign_id)[1] == mine.token and mine.took_over and mine.took_over["dead"]
         with ledger.session() as s:
             c = reads.get_campaign(s, "leased")
-            assert [e.kind for e in reads.list_events(s, c)][-1] == "lease_taken_over"
+            last = reads.list_events(s, c)[-1]
+        # issue 30 item 7: the event names the dead holder's pid, not the new driver's
+        assert last.kind == "lease_taken_over" and f"stale lease of pid {gone.pid} on " in last.message, last.message
+        assert f"pid {mine.pid} " not in last.message, last.message
     finally:
         mine.release()
 
