@@ -84,6 +84,9 @@ class AttemptRequest(StrictModel):
     those whose name gives none, `contract.note_checkpoint_steps`)."""
     progress_first_step: int = 1
     """`trainer.first_step`: the printed step N is recorded as N + 1 - first_step."""
+    progress_tokens_per_step: int | None = None
+    """With `progress_pattern` and no `tokens` group in it: one step's tokens from the spec's
+    batch (`contract.stdout_tokens_per_step`); the row of step N counts N x this. None: 0."""
     env: dict[str, str]
     """Environment for every rank, on top of the launching process's own."""
     cpu_bind: str | None = None
@@ -164,6 +167,7 @@ def build_request(site: Site, config: TrainerConfig, *, run_dir: Path, nodes: in
         deadline_from=site.deadline_from, interrupt=interrupt, watchdog=watchdog or WatchdogPolicy(),
         progress_pattern=config.train.step_pattern if config.train.progress == "stdout" else None,
         progress_first_step=config.train.first_step, checkpoint_layout=config.train.checkpoints,
+        progress_tokens_per_step=contract.stdout_tokens_per_step(config, nodes * site.ranks_per_node),
     )
 
 

@@ -47,6 +47,27 @@ def trainers_max_steps(cfg: TrainerConfig) -> int:
     return cfg.run.max_steps - (1 - cfg.train.first_step)
 
 
+def batch_tokens(model: Any, trainer: TrainConfig, world_size: int) -> int:
+    """Tokens one optimizer step trains over `world_size` ranks, from the spec's batch:
+    seq_len x trainer.micro_batch_size x grad_accum x ranks."""
+    from campaign.train.shapes import shape_for
+
+    return shape_for(model).seq_len * trainer.micro_batch_size * trainer.grad_accum * world_size
+
+
+def stdout_tokens_per_step(cfg: TrainerConfig, world_size: int) -> int | None:
+    """For a trainer read through its output (`progress: stdout`) whose `step_pattern` has no
+    `tokens` group: the tokens of one step from the spec's batch, when the spec states it
+    (`trainer.micro_batch_size` set), so that its rows count tokens. None otherwise: the rows
+    read 0 tokens (the trainer's own count, or none to give)."""
+    t = cfg.train
+    if t.progress != "stdout" or "tokens" in re.compile(t.step_pattern or "").groupindex:
+        return None
+    if "micro_batch_size" not in t.model_fields_set:
+        return None
+    return batch_tokens(cfg.model, t, world_size)
+
+
 def command_line(trainer: TrainConfig, values: dict[str, str], spec_dir: Path,
                  resume_from: dict[str, Any] | None = None, *, launcher: str = "local") -> list[str]:
     """The trainer's argv: its template with the placeholders filled in, scripts resolved

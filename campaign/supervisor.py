@@ -317,8 +317,9 @@ class ProgressAdapter:
     """`trainer.progress: stdout`: reads rank 0's output (its log, or the launcher's) from a
     byte offset with `trainer.step_pattern` and appends the rows to metrics.jsonl, so the
     watchdog, the driver's ingestion and the stages read an unmodified trainer's steps as
-    they read metrics.jsonl. Without a `tokens` group tokens read 0; without `step_time`, the
-    step time is the time between two matched lines over the steps between them."""
+    they read metrics.jsonl. Without a `tokens` group the tokens are the step times the spec's
+    batch (`tokens_per_step`), or 0 where the spec gives none; without `step_time`, the step
+    time is the time between two matched lines over the steps between them."""
 
     log: Path
     run_dir: Path
@@ -327,6 +328,8 @@ class ProgressAdapter:
     last: tuple[int, float] | None = None
     shift: int = 0
     """Added to every printed step: 1 for a trainer that counts from 0 (`trainer.first_step: 0`)."""
+    tokens_per_step: int | None = None
+    """Cumulative tokens of step N are N x this when the pattern reads none (None: 0)."""
     seen: list[tuple[int, float, float]] = field(default_factory=list)
     """(step, earliest, latest): each step with the poll before the one that read its line
     and that poll (when it can have been printed); the step of a checkpoint saved in between."""
@@ -338,7 +341,8 @@ class ProgressAdapter:
             return None
         run_dir = Path(request.run_dir)
         log = rundir.rank_log(run_dir, 0) if request.launcher == "local" else rundir.launcher_log(run_dir)
-        return cls(log, run_dir, re.compile(request.progress_pattern), shift=1 - request.progress_first_step)
+        return cls(log, run_dir, re.compile(request.progress_pattern), shift=1 - request.progress_first_step,
+                   tokens_per_step=request.progress_tokens_per_step)
 
     def poll(self, now: float) -> None:
         rows, self.offset = report.read_progress_lines(self.log, self.pattern, self.offset)
@@ -354,7 +358,7 @@ class ProgressAdapter:
         if self.last is not None and rows[-1]["step"] > self.last[0]:
             per_step = round((now - self.last[1]) / (rows[-1]["step"] - self.last[0]), 6)
         for row in rows:
-            row.setdefault("tokens", 0)
+            row.setdefault("tokens", row["step"] * self.tokens_per_step if self.tokens_per_step else 0)
             if "step_time_s" not in row and per_step is not None:
                 row["step_time_s"] = per_step
             row["time"] = now

@@ -118,10 +118,9 @@ def tokens_source(trainer: Any) -> str | None:
 
 def spec_tokens_per_step(spec: Any, nodes: int) -> int:
     """Tokens one optimizer step trains at `nodes` nodes, from the spec's batch (all ranks)."""
-    from campaign.train.shapes import shape_for
+    from campaign import contract
 
-    t = spec.trainer
-    return shape_for(spec.model).seq_len * t.micro_batch_size * t.grad_accum * nodes * spec.site.ranks_per_node
+    return contract.batch_tokens(spec.model, spec.trainer, nodes * spec.site.ranks_per_node)
 
 
 def run(ctx: StageContext, stage: ScalingStage) -> Verdict:

@@ -107,9 +107,11 @@ def test_nanogpt_smoke_loss_check_and_scaling_from_step_times(ws: Workspace) -> 
     ledger = ws.ledger()
     with ledger.session() as s:
         smoke = reads.get_stage_run(s, "nanogpt", "smoke")
-        steps = [(m.step) for m in reads.list_steps(s, smoke.attempts[0].id)]
+        steps = [(m.step, m.tokens) for m in reads.list_steps(s, smoke.attempts[0].id)]
     ledger.close()
-    assert steps == [1, 2, 3], "iter 0..2 of a script counting from 0: exactly the 3 steps asked"
+    assert [st for st, _ in steps] == [1, 2, 3], "iter 0..2 of a script counting from 0: exactly the 3 steps asked"
+    # no tokens in its lines: the spec's batch, seq_len 16 x micro_batch 2 x grad_accum 16 x 2 ranks
+    assert [tok for _, tok in steps] == [1024, 2048, 3072], steps
 
 
 def test_nanogpt_long_run_and_resume_test_from_its_own_ckpt_pt(ws: Workspace) -> None:

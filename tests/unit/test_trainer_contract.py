@@ -189,6 +189,30 @@ def test_a_trainer_counting_from_0_trains_exactly_the_steps_asked(tmp_path: Path
     assert one.argv[-1] == "--max_iters=5"
 
 
+def test_a_stdout_trainer_without_a_tokens_group_counts_the_specs_batch_per_step(tmp_path: Path) -> None:
+    """Issue 27: a trainer read through its output that prints no tokens had every row at 0
+    tokens (a token target and the progress plot saw nothing). With the batch in the spec
+    (micro_batch_size x grad_accum x seq_len x ranks) step N counts N batches; without it, 0."""
+    from campaign import report
+    from campaign.supervisor import ProgressAdapter
+
+    trainer = {"command": ["python", "t.py"], "progress": "stdout", "first_step": 0,
+               "step_pattern": r"iter (?P<step>\d+): loss (?P<loss>\S+),", "micro_batch_size": 3, "grad_accum": 2}
+    rows_of = {}
+    for name, t in (("batch", trainer), ("none", {k: v for k, v in trainer.items() if k != "micro_batch_size"}),
+                    ("own", {**trainer, "step_pattern": r"iter (?P<step>\d+): loss (?P<loss>\S+), tok (?P<tokens>\d+)"})):
+        req = _request(_spec(t, model={"seq_len": 16}), tmp_path / name, Targets(steps=3))
+        run_dir = Path(req.run_dir)
+        (run_dir / "logs").mkdir(parents=True)
+        (run_dir / "logs" / "rank-0.log").write_text("".join(f"iter {i}: loss 3.5, tok {7 * i}\n" for i in range(3)))
+        adapter = ProgressAdapter.for_request(req)
+        assert adapter is not None
+        adapter.poll(100.0)
+        rows_of[name] = [r["tokens"] for r in report.read_metrics(run_dir)[0]]
+    per_step = 16 * 3 * 2 * 2  # seq_len x micro_batch_size x grad_accum x (2 nodes x 1 rank)
+    assert rows_of == {"batch": [per_step, 2 * per_step, 3 * per_step], "none": [0, 0, 0], "own": [0, 7, 14]}
+
+
 def test_a_single_file_checkpoint_gets_the_step_reported_when_it_was_saved(tmp_path: Path) -> None:
     """Issue 27 item 2: nanoGPT rewrites one `ckpt.pt` (no step in the name): its step is
     bounded by the steps printed before and after its mtime, and is the one in that range the
