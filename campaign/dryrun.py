@@ -37,10 +37,10 @@ def render_dry_run(spec: CampaignSpec, workdir: Path, spec_dir: Path | None = No
         out.append(script.rstrip())
     for i, stage in enumerate(spec.stages, 1):
         counts = stage.attempt_nodes(site.nodes)
-        out.append(f"\n## stage {i}/{len(spec.stages)} {stage.label} ({stage.kind}): "
+        out.append(f"\n## stage {i}/{len(spec.stages)} {stage.resolved_name} ({stage.kind}): "
                    f"{'/'.join(map(str, counts))} node(s) x {site.ranks_per_node} rank(s), timeout {stage.timeout_s:g} s")
         for number, n in enumerate(counts, 1):
-            out.append(launch_text(spec, stage, n, root / stage.label, number, spec_dir))
+            out.append(launch_text(spec, stage, n, root / stage.resolved_name, number, spec_dir))
     return "\n".join(out)
 
 
@@ -88,18 +88,18 @@ def dry_run_document(spec: CampaignSpec, workdir: Path, spec_dir: Path | None = 
         counts = stage.attempt_nodes(site.nodes)
         attempts = []
         for number, n in enumerate(counts, 1):
-            run_dir = rundir.attempt_dir(root / stage.label, number)
-            request = _request(spec, stage, n, root / stage.label, number, spec_dir)
+            run_dir = rundir.attempt_dir(root / stage.resolved_name, number)
+            request = _request(spec, stage, n, root / stage.resolved_name, number, spec_dir)
             plan = request.launch_plan(site.example_nodes(n)[:n], python="python")
             attempts.append({"nodes": n, "run_dir": str(run_dir), "command": launchers.render(site.launcher, plan),
                              "env": dict(plan.env)})
         try:
             placement: list[dict[str, Any]] | dict[str, str] = launch_placement(
-                _request(spec, stage, counts[0], root / stage.label, 1, spec_dir), site.ranks_per_node, device_type,
+                _request(spec, stage, counts[0], root / stage.resolved_name, 1, spec_dir), site.ranks_per_node, device_type,
                 per_node, rank_env=site.rank_variables, nodes=counts[0])
         except PlacementError as e:
             placement = {"error": str(e)}
-        stages.append({"name": stage.label, "kind": stage.kind, "node_counts": counts, "timeout_s": stage.timeout_s,
+        stages.append({"name": stage.resolved_name, "kind": stage.kind, "node_counts": counts, "timeout_s": stage.timeout_s,
                        "launch": {"launcher": site.launcher, "ranks_per_node": site.ranks_per_node,
                                   "device_type": device_type, "placement": placement, "attempts": attempts}})
     return {"campaign": spec.name, "site": site.kind, "version": version, "run_root": str(root),

@@ -145,7 +145,7 @@ class Engine:
                     "version of it with: campaign submit FILE --new-version"
                 )
             writes.bump_campaign_version(s, c, digest=digest, spec_json=spec_json, source=source)
-        writes.ensure_stage_runs(s, c, [(st.label, st.kind) for st in self.spec.stages])
+        writes.ensure_stage_runs(s, c, [(st.resolved_name, st.kind) for st in self.spec.stages])
         self.campaign_id = c.id
         # Each version trains in its own directories: v2 must never resume v1's checkpoints.
         self.run_root = version_root(self.campaign_dir, c.version)

@@ -62,9 +62,9 @@ class CampaignSpec(StrictModel):
     def _unique_stage_names(self) -> CampaignSpec:
         seen: dict[str, int] = {}
         for i, stage in enumerate(self.stages):
-            if stage.label in seen:
-                raise ValueError(f"stages[{i}]: stage name {stage.label!r} is already used by stages[{seen[stage.label]}]")
-            seen[stage.label] = i
+            if stage.resolved_name in seen:
+                raise ValueError(f"stages[{i}]: stage name {stage.resolved_name!r} is already used by stages[{seen[stage.resolved_name]}]")
+            seen[stage.resolved_name] = i
         for i, stage in enumerate(self.stages):
             if stage.nodes is not None and stage.nodes > self.site.nodes:
                 raise ValueError(f"stages[{i}].nodes: {stage.nodes} nodes asked, but the site has {self.site.nodes}")
@@ -85,7 +85,7 @@ class CampaignSpec(StrictModel):
 
     def stage(self, name: str) -> StageSpec:
         for s in self.stages:
-            if s.label == name:
+            if s.resolved_name == name:
                 return s
         raise KeyError(name)
 

@@ -45,7 +45,9 @@ class StageSpec(StrictModel):
     """Run the later stages even if this one fails (default: a failure stops the campaign)."""
 
     @property
-    def label(self) -> str:
+    def resolved_name(self) -> str:
+        """The stage's name in the ledger, status and run directories: `name`, else its kind.
+        (An attempt's `label` is another thing: what that launch was, e.g. "2 node(s)".)"""
         return self.name or str(getattr(self, "kind"))
 
     def attempt_nodes(self, site_nodes: int) -> list[int]:

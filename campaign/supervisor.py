@@ -168,13 +168,13 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
         out = AttemptReport(exit_code=exits.NO_RETRY, exit_class="config_error", duration_s=0.0, nodes=[],
                             allocation=allocation, error=msg, short_of_nodes=True)
         return _finish(run_dir, out)
-    hosts, spares = usable[:n], usable[n:]
+    active, spares = usable[:n], usable[n:]
     if request.rotate:
-        hosts = hosts[request.rotate % n:] + hosts[:request.rotate % n]
-    _prepare(request, run_dir, hosts)
-    launch, command, text = _start(request, hosts)
+        active = active[request.rotate % n:] + active[:request.rotate % n]
+    _prepare(request, run_dir, active)
+    launch, command, text = _start(request, active)
     adapter = ProgressAdapter.for_request(request)
-    watched = _watch(launch, request, hosts, start, adapter)
+    watched = _watch(launch, request, active, start, adapter)
     if adapter is not None:  # what rank 0 printed just before it exited
         adapter.poll(time.time())
         if request.checkpoint_layout is not None:
@@ -186,7 +186,7 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
     finding = None
     if watched.killed_by is None and failure is not None:  # a crash: what does the evidence say?
         finding = evidence.assess(_rank_exits(launch, run_dir, failure, watched.rescue), first_step=bool(metrics),
-                                  nodes=hosts, same_poll_s=1.0)
+                                  nodes=active, same_poll_s=1.0)
         if finding.primary:
             failure = Failure(finding.primary["rank"], finding.primary["exit_code"], finding.primary["node"],
                               failure.seen)
@@ -196,15 +196,15 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
             watched.final_event or "", exits.STALLED)
     policy = request.watchdog
     beats = report.read_heartbeats(run_dir)
-    for node in hosts:  # what a killed launch left on node-local storage (this host's nodes only)
+    for node in active:  # what a killed launch left on node-local storage (this host's nodes only)
         report.remove_node_local(run_dir, node, str(request.attempt))
     # A rank that failed by itself may be evidence (the finding says); ranks the supervisor stopped are not.
     suspects = watched.suspects if watched.killed_by else [s.to_dict() for s in finding.suspects] if finding else []
     stall = watched.stall
-    if watched.killed_by == "stalled" and not suspects and len(hosts) > 1 and policy.drill_s > 0:
+    if watched.killed_by == "stalled" and not suspects and len(active) > 1 and policy.drill_s > 0:
         drill_log: list[dict[str, Any]] = []
         suspects = [{"node": n, "reason": "hung in a collective drill when bisecting the allocation",
-                     "evidence": {"drills": drills}} for n, drills in _bisect(request, hosts, policy, drill_log)]
+                     "evidence": {"drills": drills}} for n, drills in _bisect(request, active, policy, drill_log)]
         stall = f"{stall}; {drill_summary(drill_log, suspects, policy.drill_s)}"
     if watched.killed_by in ("stalled", "timeout") and adapter is not None:
         stall = f"{stall}; {STDOUT_EVIDENCE}"
@@ -217,7 +217,7 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
     else:
         exit_class = exits.classify(code, suspects=bool(suspects))
     out = AttemptReport(
-        exit_code=code, exit_class=exit_class, duration_s=round(time.time() - start, 3), nodes=hosts,
+        exit_code=code, exit_class=exit_class, duration_s=round(time.time() - start, 3), nodes=active,
         allocation=allocation, spares=spares, killed_by=watched.killed_by, stall=stall,
         first_failure=None if failure is None else {"rank": failure.rank, "exit_code": failure.exit_code,
                                                       "node": failure.node, "after_s": round(failure.seen - start, 3)},
@@ -250,9 +250,9 @@ def block_nodes() -> list[str]:
     return [socket.gethostname()]
 
 
-def _prepare(request: AttemptRequest, run_dir: Path, hosts: list[str]) -> None:
+def _prepare(request: AttemptRequest, run_dir: Path, active: list[str]) -> None:
     """Hostfile of the active nodes; the block's deadline into the trainer's config."""
-    request.hostfile.write_text("".join(f"{h}\n" for h in hosts))
+    request.hostfile.write_text("".join(f"{h}\n" for h in active))
     walltime = request.block_walltime_s
     if walltime:
         config_path = request.config_path
@@ -272,14 +272,14 @@ def _block_started() -> float:
         return time.time()
 
 
-def _start(request: AttemptRequest, hosts: list[str]) -> tuple[_Launch, list[str], str]:
-    """Start the launch: the request's launch plan on `hosts`, with its launcher. Returns the
+def _start(request: AttemptRequest, active: list[str]) -> tuple[_Launch, list[str], str]:
+    """Start the launch: the request's launch plan on `active`, with its launcher. Returns the
     launch, the command (argv; `(local)` + argv for per-rank processes) and its text as the
     dry run renders it."""
     from campaign.executors import launchers
 
     run_dir = Path(request.run_dir)
-    plan = request.launch_plan(hosts)
+    plan = request.launch_plan(active)
     base_env = {**os.environ, **warm.launch_environment(), **dict(plan.env)}
     if request.launcher == "local":
         procs = []
@@ -410,7 +410,7 @@ def _checkpoint_ready(interrupt: Interrupt, request: AttemptRequest, start: floa
 
 
 
-def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: float,
+def _watch(launch: _Launch, request: AttemptRequest, active: list[str], start: float,
            adapter: ProgressAdapter | None = None) -> _WatchOutcome:
     """Wait for the launch; stop it on a stall, a failed rank, the hard timeout, STOP or an interrupt."""
     run_dir = Path(request.run_dir)
@@ -456,7 +456,7 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
             # A rank died: the survivors linger (their collective failed) for the rescue request.
             rank, _, node, _ = launcher_failure(rundir.launcher_log(run_dir), failure) if failure.rank == -1 \
                 else failure
-            rescued = _rescue(launch, request, hosts, watch, avoid_nodes={node}, avoid_ranks={rank})
+            rescued = _rescue(launch, request, active, watch, avoid_nodes={node}, avoid_ranks={rank})
         if failure is not None and now - failure.seen > FAILED_RANK_GRACE_S:
             launch.stop(time.time)
             return _WatchOutcome(killed_by=None, rescue=rescued)  # the failed rank's exit is the evidence
@@ -465,7 +465,7 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
         if not decision.stalled and early is not None and now - watch.last_progress > early and failure is None:
             # Silent for longer than the confirmed budget: do the heartbeats show who hangs?
             beats = report.read_heartbeats(run_dir)
-            found = watchdog.culprits(beats, hosts, now, policy) if beats else []
+            found = watchdog.culprits(beats, active, now, policy) if beats else []
             if watchdog.stall_pattern(found, watch, policy):
                 decision = watchdog.decide(watch, policy, now, confirmed=True)
         if decision.stalled and decision.phase == "exiting":
@@ -484,10 +484,10 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
                       f"{now - watch.last_progress:.0f} s after the last progress")
             beats = report.read_heartbeats(run_dir)
             # A trainer read through its output (progress: stdout) writes no heartbeats: their absence is no evidence.
-            suspects = watchdog.culprits(beats, hosts, now, policy) if beats or adapter is None else []
+            suspects = watchdog.culprits(beats, active, now, policy) if beats or adapter is None else []
             detected = now - watch.last_progress
             if watch.rescue:
-                rescued = _rescue(launch, request, hosts, watch, avoid_nodes={s["node"] for s in suspects},
+                rescued = _rescue(launch, request, active, watch, avoid_nodes={s["node"] for s in suspects},
                                   avoid_ranks={s["evidence"].get("rank") for s in suspects})
             launch.stop(time.time)
             return _WatchOutcome(killed_by="stalled" if decision.stalled else "timeout", stall=reason, suspects=suspects,
@@ -495,13 +495,13 @@ def _watch(launch: _Launch, request: AttemptRequest, hosts: list[str], start: fl
         time.sleep(POLL_S)
 
 
-def _rescue(launch: _Launch, request: AttemptRequest, hosts: list[str], watch: watchdog.Watch, *,
+def _rescue(launch: _Launch, request: AttemptRequest, active: list[str], watch: watchdog.Watch, *,
             avoid_nodes: set[str], avoid_ranks: set[Any]) -> dict[str, Any]:
     """Ask one replica on a healthy node to save a rescue checkpoint (campaign.train.rescue):
     write the request, SIGUSR1 the launch, wait for `rescue.json` (bounded by the checkpoint
     budget). Every rank reads the request; the others, lingering after a lost peer, exit."""
     run_dir = Path(request.run_dir)
-    rank = _rescuer(launch, request, hosts, avoid_nodes, avoid_ranks)
+    rank = _rescuer(launch, request, active, avoid_nodes, avoid_ranks)
     t0 = time.time()
     report.write_json_atomic(run_dir / rescue.REQUEST_FILE, {"rank": rank})
     launch.notify(signal.SIGUSR1)
@@ -521,12 +521,12 @@ def _rescue(launch: _Launch, request: AttemptRequest, hosts: list[str], watch: w
     return {**out, "rank": rank, "asked_at": t0, "waited_s": round(time.time() - t0, 3)}
 
 
-def _rescuer(launch: _Launch, request: AttemptRequest, hosts: list[str], avoid_nodes: set[str],
+def _rescuer(launch: _Launch, request: AttemptRequest, active: list[str], avoid_nodes: set[str],
              avoid_ranks: set[Any]) -> int:
     """The lowest rank still running on a node not under suspicion, or -1."""
     local = {rank: (node, i) for i, (rank, node, _) in enumerate(launch.procs) if rank >= 0}
-    for rank in range(len(hosts) * request.ranks_per_node):
-        node, i = local.get(rank, (hosts[rank // request.ranks_per_node], None))
+    for rank in range(len(active) * request.ranks_per_node):
+        node, i = local.get(rank, (active[rank // request.ranks_per_node], None))
         if node in avoid_nodes or rank in avoid_ranks or (i is not None and i in launch.exits):
             continue
         return rank
@@ -587,15 +587,15 @@ def drill_summary(log: list[dict[str, Any]], suspects: list[dict[str, Any]], dri
             "node's or the network's")
 
 
-def _bisect(request: AttemptRequest, hosts: list[str], policy: watchdog.WatchdogPolicy,
+def _bisect(request: AttemptRequest, active: list[str], policy: watchdog.WatchdogPolicy,
             log: list[dict[str, Any]] | None = None) -> list[tuple[str, list[dict[str, Any]]]]:
     """Nodes whose subset hangs a short collective drill, found by halving (instead of blind
     rotation). A single-rank subset tests the node's own stack, not its network."""
     log = [] if log is None else log
-    if len(hosts) < 2:
+    if len(active) < 2:
         return []
-    half = len(hosts) // 2
-    parts = [hosts[:half], hosts[half:]]
+    half = len(active) // 2
+    parts = [active[:half], active[half:]]
     results = [_drill(request, part, policy) for part in parts]
     log.extend({"nodes": part, "ok": ok} for part, ok in zip(parts, results))
     bad: list[tuple[str, list[dict[str, Any]]]] = []
@@ -605,13 +605,13 @@ def _bisect(request: AttemptRequest, hosts: list[str], policy: watchdog.Watchdog
     return bad
 
 
-def _drill(request: AttemptRequest, hosts: list[str], policy: watchdog.WatchdogPolicy) -> bool:
-    """Run `campaign.train.drill` on `hosts` with the attempt's launch plan; True if it passed in time."""
-    drill_dir = rundir.drill_dir(Path(request.run_dir), hosts)
+def _drill(request: AttemptRequest, active: list[str], policy: watchdog.WatchdogPolicy) -> bool:
+    """Run `campaign.train.drill` on `active` with the attempt's launch plan; True if it passed in time."""
+    drill_dir = rundir.drill_dir(Path(request.run_dir), active)
     (drill_dir / rundir.LOGS_DIR).mkdir(parents=True, exist_ok=True)
     sub = request.for_drill(drill_dir, free_port())
-    sub.hostfile.write_text("".join(f"{h}\n" for h in hosts))
-    launch, _, _ = _start(sub, hosts)
+    sub.hostfile.write_text("".join(f"{h}\n" for h in active))
+    launch, _, _ = _start(sub, active)
     end = time.time() + policy.drill_s
     while not launch.done and time.time() < end:
         time.sleep(0.2)

@@ -50,18 +50,18 @@ def warnings(spec: CampaignSpec, tokens_per_s: float | None = None) -> list[str]
     total = 0.0
     for stage in spec.stages:
         if stage.continues_across_blocks() and not (stage.token_target() and rate):
-            out.append(f"stage {stage.label}: no throughput known to check its target against the block walltime; "
+            out.append(f"stage {stage.resolved_name}: no throughput known to check its target against the block walltime; "
                        "set site.expected_tokens_per_s (the long run continues across blocks either way)")
             continue
         est = estimate(stage, rate)
         total += est.total_s
         if stage.continues_across_blocks() and est.attempt_s > wall:
             blocks = int(-(-est.attempt_s // wall))
-            out.append(f"stage {stage.label} needs ~{_h(est.attempt_s)} ({est.source}) but a block lasts "
+            out.append(f"stage {stage.resolved_name} needs ~{_h(est.attempt_s)} ({est.source}) but a block lasts "
                        f"{site.walltime}: it will checkpoint at each block's end and continue in a new one "
                        f"(~{blocks} blocks, each with its queue wait)")
         elif not stage.continues_across_blocks() and est.attempt_s > wall:
-            out.append(f"stage {stage.label}: timeout_s {stage.timeout_s:g} s is longer than the block walltime "
+            out.append(f"stage {stage.resolved_name}: timeout_s {stage.timeout_s:g} s is longer than the block walltime "
                        f"{site.walltime}: an attempt still running then is killed (exit 143); lower timeout_s or "
                        "raise site.walltime")
     if total > wall:

@@ -213,13 +213,13 @@ def stall_pattern(suspects: list[dict[str, Any]], w: Watch, policy: WatchdogPoli
                for s in suspects)
 
 
-def culprits(beats: dict[str, dict[str, Any]], hosts: list[str], now: float,
+def culprits(beats: dict[str, dict[str, Any]], active: list[str], now: float,
              policy: WatchdogPolicy) -> list[dict[str, Any]]:
     """Nodes to blame for a stall, each {"node", "reason", "evidence"}; [] if none stands out."""
     out: list[dict[str, Any]] = []
     ranks = {node: b.get("ranks", {}) for node, b in beats.items()}
     waiting = {(r.get("step")) for rs in ranks.values() for r in rs.values() if r.get("phase") == "collective"}
-    for node in hosts:
+    for node in active:
         b = beats.get(node)
         if b is None:
             out.append({"node": node, "reason": "no heartbeat from this node", "evidence": {}})
@@ -242,7 +242,7 @@ def culprits(beats: dict[str, dict[str, Any]], hosts: list[str], now: float,
                             "evidence": {"rank": int(rank), "step": r.get("step"), "phase": "compute",
                                          "stuck_s": round(stuck, 1)}})
                 break
-    if len(out) == len(hosts) and len(hosts) > 1:
+    if len(out) == len(active) and len(active) > 1:
         return []  # everyone looks the same: no node stands out
     return out
 

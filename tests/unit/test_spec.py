@@ -211,7 +211,7 @@ def test_examples_load(example: Path) -> None:
 def test_local_example_is_what_the_docs_say() -> None:
     s = spec.load(REPO / "examples" / "local.yaml")
     assert (s.name, s.site.kind, s.site.nodes) == ("local-demo", "local", 2)
-    assert [st.label for st in s.stages][:1] == ["smoke"]
+    assert [st.resolved_name for st in s.stages][:1] == ["smoke"]
 
 
 def test_minimal_file_gets_defaults(tmp_path: Path) -> None:
@@ -219,7 +219,7 @@ def test_minimal_file_gets_defaults(tmp_path: Path) -> None:
     path.write_text(MINIMAL)
     s = spec.load(path)
     assert s.site.kind == "local" and s.model.size == "tiny" and s.data.source == "synthetic"
-    assert [(st.label, st.kind, st.nodes) for st in s.stages] == [("smoke", "smoke", None)]
+    assert [(st.resolved_name, st.kind, st.nodes) for st in s.stages] == [("smoke", "smoke", None)]
 
 
 def test_full_file(tmp_path: Path) -> None:
@@ -227,7 +227,7 @@ def test_full_file(tmp_path: Path) -> None:
     path.write_text(FULL)
     s = spec.load(path)
     assert s.site.node_names() == ["vn-0", "vn-1", "vn-2"]
-    assert [st.label for st in s.stages] == ["first", "second"]
+    assert [st.resolved_name for st in s.stages] == ["first", "second"]
     assert s.stage("second").continue_on_failure is True
     assert s.trainer.command == ["python", "my_train.py"] and s.data.dtype == "uint32"
 
