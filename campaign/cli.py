@@ -221,11 +221,11 @@ def resume(name: str, db_url: str | None, workdir: Path, quiet: bool) -> None:
 @click.argument("name")
 @_db_options
 @click.option("--wait", "wait_s", type=float, default=60.0, show_default=True,
-              help="Seconds to wait for the driver to stop its job and record `cancelled`.")
+              help="Seconds to wait for the driver to stop its launch and record `cancelled`.")
 @_endpoint_option
 @_errors
 def cancel(name: str, db_url: str | None, workdir: Path, wait_s: float, endpoint: str | None) -> None:
-    """Stop a running campaign cleanly: its driver stops the running job, cancels its
+    """Stop a running campaign cleanly: its driver stops the running launch, cancels its
     scheduler jobs through the provider, and records the campaign as `cancelled`."""
     from campaign import commands
 

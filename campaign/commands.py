@@ -156,7 +156,7 @@ def cancel_campaign(ledger: Ledger, name: str, wait_s: float, *, notify: Callabl
             if c is not None and reads.get_lease(s, c) is None:
                 return c.state
         time.sleep(poll_s)
-    raise CampaignError(f"the driver of {name!r} did not stop within {wait_s:g} s; it may be waiting for its job to exit")
+    raise CampaignError(f"the driver of {name!r} did not stop within {wait_s:g} s; it may be waiting for its launch to exit")
 
 
 # --- plot ------------------------------------------------------------------------------

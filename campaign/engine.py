@@ -390,7 +390,7 @@ class Engine:
 
         previous = {}
         # SIGHUP (a closed ssh session, a dropped terminal) is a request to stop like SIGTERM:
-        # stop the job, record the campaign cancelled; `campaign resume` continues it.
+        # stop the launch, record the campaign cancelled; `campaign resume` continues it.
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             try:
                 previous[sig] = signal.signal(sig, request_cancel)
@@ -411,8 +411,8 @@ class Engine:
 
     def check_lease(self) -> None:
         if self.lease_lost is not None:
-            raise LeaseLost(f"{self.lease_lost}; this driver stops and leaves the running job to it")
+            raise LeaseLost(f"{self.lease_lost}; this driver stops and leaves the running launch to it")
 
     def _lease_lost(self, why: str) -> None:
         self.lease_lost = why
-        self.progress.event(f"lost the lease: {why}; stopping without touching the job")
+        self.progress.event(f"lost the lease: {why}; stopping without touching the launch")

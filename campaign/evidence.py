@@ -14,7 +14,7 @@ ever reported; `assess()` turns that into a `Finding`:
 Evidence for a node, strongest first:
 - a hardware/driver signature (`HARDWARE`, scope "local") in a failed rank's log: an Xid
   that NVIDIA documents as hardware, an uncorrectable ECC error, a lost Level Zero device,
-  a bus error, a machine check, a NIC link down. When *every* node of a multi-node job shows
+  a bus error, a machine check, a NIC link down. When *every* node of a multi-node launch shows
   it, no node stands out (like `watchdog.culprits`) and it is not node evidence;
 - death by a signal that points at a node (`NODE_SIGNALS`) of ranks on exactly one node of a
   job of two or more nodes, while no rank elsewhere died the same way;
@@ -64,7 +64,7 @@ NODE_SIGNALS: dict[int, str] = {
 Not node evidence: SIGABRT (134) is raised deliberately by libraries: C++ `terminate`,
 assertions, and NCCL/oneCCL aborting a communicator because a *peer* failed, so the aborting
 rank is usually a victim; SIGTERM (143) and SIGINT (130) come from the scheduler, a user, a
-launcher tearing the job down or the supervisor."""
+launcher tearing the launch down or the supervisor."""
 SYSTEMIC_CODES: dict[int, str] = {
     exits.BROKEN_ENV: "broken environment (127): a command or library is missing; no node swap fixes it",
     exits.NO_RETRY: "bad configuration (93): the trainer refused its configuration",
@@ -190,7 +190,7 @@ class RankExit:
     log_tail: tuple[str, ...] = ()
     """The last ~50 lines of this rank's log (its own, or its lines of the launcher's log)."""
     stopped: bool = False
-    """The supervisor (or the launcher tearing the job down) stopped it: not evidence."""
+    """The supervisor (or the launcher tearing the launch down) stopped it: not evidence."""
 
     @staticmethod
     def from_popen(rank: int, node: str, returncode: int, seen_at: float, **kw: Any) -> RankExit:
@@ -274,7 +274,7 @@ def _facts(e: RankExit) -> _Facts:
 
 def _how(e: RankExit) -> str:
     sig = signal_name(e.code)
-    who = f"rank {e.rank}" if e.rank >= 0 else "the job"
+    who = f"rank {e.rank}" if e.rank >= 0 else "the launch"
     return f"{who} on {e.node or 'an unknown node'} " + (f"was killed by {sig} ({e.code})" if sig else
                                                           f"exited with {e.code}")
 
@@ -336,12 +336,12 @@ def assess(exits_seen: Sequence[RankExit], *, first_step: bool, nodes: Sequence[
         sus = [Suspect(str(s["node"]), str(s.get("reason", "stalled")), dict(s.get("evidence") or {}))
                for s in stall_suspects]
         names = ", ".join(s.node for s in sus)
-        return Finding("node", tuple(sus), "relaunch_elsewhere", f"the job stalled; the heartbeats single out "
+        return Finding("node", tuple(sus), "relaunch_elsewhere", f"the launch stalled; the heartbeats single out "
                        f"{names}: {sus[0].reason}", "stall", primary=None)
     failed = [_facts(e) for e in exits_seen if e.code != 0 and not e.stopped]
     if not failed:
         return Finding("unknown", (), "confirm_once", "no rank failed by itself (every exit was 0 or caused by "
-                       "stopping the job); nothing to blame", "no_failure")
+                       "stopping the launch); nothing to blame", "no_failure")
     t0 = min(f.exit.seen_at for f in failed)
     wave = [f for f in failed if f.exit.seen_at - t0 <= same_poll_s]
     causes = [f for f in failed if f.fabric is None]

@@ -144,17 +144,17 @@ def adopt_orphan(s: Session, a: Attempt) -> dict[str, int]:
 
 
 def stop_orphan(run_dir: Path, site: Site) -> str:
-    """Stop the job of an attempt whose driver died. Returns what was done, for the record."""
-    (run_dir / STOP_FILE).touch()  # a supervisor that still lives stops its job
+    """Stop the launch of an attempt whose driver died. Returns what was done, for the record."""
+    (run_dir / STOP_FILE).touch()  # a supervisor that still lives stops its launch
     try:
         pids = json.loads((run_dir / PIDS_FILE).read_text())
     except (OSError, ValueError):
-        return "no job had started"
+        return "no launch had started"
     if pids.get("block_job_id"):
         site.cancel_jobs([pids["block_job_id"]])
         return f"cancelled scheduler job {pids['block_job_id']} through the provider"
     if pids.get("host") != socket.gethostname():
-        return f"job ran on {pids.get('host')}; STOP file written for its supervisor"
+        return f"the launch ran on {pids.get('host')}; STOP file written for its supervisor"
     killed = [pgid for pgid in pids.get("pgids", []) if _kill_group(pgid, run_dir)]
     _remove_node_local(run_dir, str(pids.get("attempt", "")))
     return f"killed {len(killed)} process group(s)" if killed else "its processes had already exited"

@@ -203,7 +203,7 @@ def _write_whole(fd: int, data: bytes) -> None:
 
 
 def remove_node_local(run_dir: str | os.PathLike[str], node: str, attempt: str) -> None:
-    """Remove what a killed job left on this node's local storage (a clean exit removes it)."""
+    """Remove what a killed launch left on this node's local storage (a clean exit removes it)."""
     shutil.rmtree(_node_local_dir(str(run_dir), node, attempt), ignore_errors=True)
 
 

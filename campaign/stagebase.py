@@ -40,7 +40,7 @@ class StageSpec(StrictModel):
     nodes: int | None = Field(default=None, ge=1)
     """Active nodes for this stage (default: all nodes of the site)."""
     timeout_s: float = Field(default=600.0, gt=0)
-    """Hard limit on one attempt's wall time; the job is killed (exit 124) past it."""
+    """Hard limit on one attempt's wall time; the launch is killed (exit 124) past it."""
     continue_on_failure: bool = False
     """Run the later stages even if this one fails (default: a failure stops the campaign)."""
 

@@ -670,7 +670,7 @@ def _rank_exits(launch: _Launch, run_dir: Path, failure: Failure,
     or the failed rank the launcher named with its lines of the launcher's log. The rescuer's
     exit after it was asked to save is no evidence against its node (it is counted as
     stopped): it worked on after its peer failed, and whatever killed it mid-save, its node
-    did not fail the job."""
+    did not fail the launch."""
     stopped = launch.stopped_at
     rescuer = (rescue_asked or {}).get("rank")
     asked_at = float((rescue_asked or {}).get("asked_at") or math.inf)

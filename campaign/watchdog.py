@@ -1,6 +1,6 @@
-"""The stall watchdog: a pure decision over what the job reports, plus culprit finding.
+"""The stall watchdog: a pure decision over what the launch reports, plus culprit finding.
 
-Progress-based, not stdout-silence: a job is stalled when no new step has been reported
+Progress-based, not stdout-silence: a launch is stalled when no new step has been reported
 for longer than the budget of the phase it is in:
 
     startup      launch until the first step (imports, rendezvous, checkpoint load)
@@ -61,7 +61,7 @@ class WatchdogPolicy(StrictModel):
     warmup_s: float = Field(default=30.0, gt=0)
     """Budget per step during those warm-up steps."""
     exit_s: float = Field(default=60.0, gt=0)
-    """Once every rank is done, how long the job may take to exit."""
+    """Once every rank is done, how long the launch may take to exit."""
     drill_s: float = Field(default=90.0, ge=0)
     """When a stall names no node: per bisection drill (a short collective test on half of the
     nodes), how long it may take before its half counts as hanging (0: no drill)."""

@@ -77,7 +77,7 @@ class LongRunStage(StageSpec):
     exclusion_hours: float | None = Field(default=24.0, gt=0)
     """How long an exclusion lasts (null: until `campaign nodes include`)."""
     timeout_s: float = Field(default=86400.0, gt=0)
-    """Hard limit on one attempt's wall time; past it the job is killed (exit 124)."""
+    """Hard limit on one attempt's wall time; past it the launch is killed (exit 124)."""
     watchdog: WatchdogPolicy = WatchdogPolicy()
     """Stall budgets: start-up, steady step (k x p99 + floor), checkpoint."""
     faults: list[Fault] = []

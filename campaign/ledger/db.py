@@ -257,7 +257,7 @@ def _check_fence(s: Session, campaign_id: int, token: str) -> None:
     who = f"pid {holder[0]} on {holder[1]} took over this campaign's lease" if holder else \
         "this campaign's lease was removed"
     raise LeaseLost(f"{who}; this driver's write was not committed (fencing): it stops and leaves the running "
-                    "job to the new driver")
+                    "launch to the new driver")
 
 
 def open_ledger(url: str, *, create: bool = True, check: bool = True) -> Ledger:

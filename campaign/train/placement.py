@@ -243,7 +243,7 @@ def device_index(local_rank: int, local_world_size: int, visible: int | None, de
         return local_rank
     what = f"{local_world_size} ranks on this node but only {visible} {device_type} devices visible to each"
     if device_type == "cuda":
-        raise PlacementError(f"{what}: NCCL refuses two ranks of one job on one GPU; launch one rank per GPU "
+        raise PlacementError(f"{what}: NCCL refuses two ranks of one launch on one GPU; launch one rank per GPU "
                              f"(ranks_per_node <= {visible}) or give each rank its own GPU ({var})")
     if hierarchy.upper() == "COMPOSITE":
         raise PlacementError(f"{what} with {HIERARCHY_VAR}=COMPOSITE (each device is a whole two-tile GPU): set "

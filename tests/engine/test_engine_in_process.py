@@ -499,7 +499,7 @@ SLOW_TRAINER = textwrap.dedent('''
 def test_a_driver_that_lost_its_lease_stops_and_leaves_the_trainers_running(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 13 item 2: another driver took the lease (it judged this one dead). This driver
-    stops at its next renewal or write (fencing) without touching the job: no STOP file, no signal, the attempt
+    stops at its next renewal or write (fencing) without touching the launch: no STOP file, no signal, the attempt
     left as it was for the new holder to adopt or stop, the new holder's lease kept."""
     import threading
 
