@@ -57,9 +57,10 @@ SMOKES = (
     Smoke("teardown_abort.py", ("--launches", "1")),
     Smoke("fault_recovery.py", ("--repeats", "1")),
     Smoke("overhead.py", ("--steps", "20", "--repeats", "1", "--n-layer", "2", "--d-model", "128", "--seq-len", "64"),
-          misses=("fixed overhead",), may_miss=("per step",),
-          why="the fixed overhead of campaign submit is over 5 s on 2 cores (6.6 s median of 3 at 100 steps, "
-              "docs/performance.md): issue 28, not fixed yet; the per-step ratio of ~15 ms steps is noise"),
+          may_miss=("fixed overhead", "per step"),
+          why="one 20-step run judges neither: its fixed overhead sits near the 5 s line (4.4 s on CI's idle 2 "
+              "cores, 6.6 s median of 3 at 100 steps on a loaded one, docs/performance.md) and the per-step "
+              "ratio of ~15 ms steps is noise; the 100-step run with repeats is the measurement"),
     Smoke("goodput.py", ("--steps", "30", "--mean-steps", "25", "--seed", "7", "--repeats", "1", "--d-model", "128",
                          "--seq-len", "64"), misses=("mean ETTR",),
           why="30 steps and one collective hang: start-up and the hang dominate so short a run (the target is "

@@ -265,7 +265,7 @@ def poll_parts(run: Path, n: int, layout: str, repeat: int, now: float) -> dict[
 
     out["launch"], _ = median_ms(launch, max(1, repeat // 2))
     log = run / "logs" / "launcher.log"
-    out["launcher_log"], failure = median_ms(lambda: supervisor.launcher_failure(log, (-1, 1, "", now)),
+    out["launcher_log"], failure = median_ms(lambda: supervisor.launcher_failure(log, supervisor.Failure(-1, 1, "", now)),
                                              max(1, repeat // 2))
     assert failure[:3] == ((n // 2) * RANKS_PER_NODE + 7, 137, host(n // 2)), failure
     return out
