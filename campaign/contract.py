@@ -92,12 +92,23 @@ def warm_start(trainer: TrainConfig, launcher: str) -> bool:
     return trainer.warm_start == "auto" and trainer.command is None and launcher == "local"
 
 
+RESCUE_LAUNCHERS = ("local", "srun", "mpich")
+"""Launchers that pass the supervisor's SIGUSR1 on to every rank, where `trainer.rescue: auto`
+is on: the local launcher (one process group per rank); srun (srun(1), Slurm 22.05.8,
+SIGNALS AND ESCAPE SEQUENCES: "Signals sent to the srun command are automatically forwarded
+to the tasks it is controlling with a few exceptions"; tests/hpc/test_slurm_faults.py); MPICH's
+Hydra mpiexec (tests/hpc/test_pbs_site.py). Not PALS: no ALCF page read here says its mpiexec
+passes SIGUSR1 on, and it ends every rank when one exits (no survivor after a crash);
+`rescue: true` there is the user's call. Behind any launcher a rank does not linger after a
+lost peer (`rescue_linger_s` 0), so what is rescued there is a hang, not a crash."""
+
+
 def rescue(trainer: TrainConfig, launcher: str) -> bool:
     """Whether an attempt's trainer is asked to answer rescue requests (campaign.train.rescue):
-    the built-in trainer only; `auto` with the local launcher."""
+    the built-in trainer only; `auto` with the launchers of RESCUE_LAUNCHERS."""
     if trainer.command is not None or trainer.rescue is False:
         return False
-    return trainer.rescue is True or launcher == "local"
+    return trainer.rescue is True or launcher in RESCUE_LAUNCHERS
 
 
 def _expand(arg: str, values: dict[str, str]) -> str:

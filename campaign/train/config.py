@@ -200,9 +200,9 @@ class TrainConfig(_Strict):
     rescue: bool | Literal["auto"] = "auto"
     """After a crash or a hang, one surviving replica saves the last finished step before the
     launch is stopped, so the relaunch recomputes nothing (`campaign.train.rescue`; the
-    built-in trainer under DDP, on the CPU or CUDA, in stages that resume). `auto`: with the `local`
-    launcher, which leaves survivors running and delivers SIGUSR1 to every rank; true: any
-    launcher that does the same (MPICH's Hydra mpiexec does; PALS and srun are not checked)."""
+    built-in trainer under DDP, on the CPU or CUDA, in stages that resume). `auto`: with the
+    launchers that deliver SIGUSR1 to every rank (`local`, `srun`, MPICH's `mpich`:
+    `contract.RESCUE_LAUNCHERS`); true: PALS too, where that is not checked."""
 
     @model_validator(mode="after")
     def _own_trainer(self) -> TrainConfig:

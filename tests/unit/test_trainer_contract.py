@@ -298,3 +298,16 @@ def test_step_times_narrow_when_lines_read_in_one_poll_were_printed() -> None:
     # 6.2: without step times any of 1-11 could have been printed after the save (4 or 8?)
     assert contract.step_at_save(5.3, [(s, 0.0, 6.5) for s in range(1, 12)], contract.expected_saves(4, ())) is None
     assert contract.step_at_save(5.3, seen, contract.expected_saves(4, ())) == 8
+
+
+def test_rescue_is_on_by_default_behind_the_launchers_that_pass_sigusr1_on() -> None:
+    """Issue 28: `rescue: auto` is on where the launch delivers the supervisor's SIGUSR1 to
+    every rank (local; srun, whose man page says it forwards signals to its tasks; MPICH's
+    Hydra), off behind PALS and torchrun; never for a command of your own."""
+    from campaign.train.config import TrainConfig
+
+    auto = TrainConfig()
+    assert {launcher: contract.rescue(auto, launcher) for launcher in ("local", "srun", "mpich", "pals", "torchrun")} \
+        == {"local": True, "srun": True, "mpich": True, "pals": False, "torchrun": False}
+    assert contract.rescue(TrainConfig(rescue=True), "pals") and not contract.rescue(TrainConfig(rescue=False), "srun")
+    assert not contract.rescue(TrainConfig(command=["python", "t.py"]), "srun")
