@@ -3,6 +3,8 @@
     python benchmarks/goodput.py [--steps 300] [--mean-steps 100] [--repeats 3]   # ~50 min on 2 cores
     python benchmarks/goodput.py --d-model 256 --seq-len 128 --policies "ours,ours cold,no rescue,blind retry"
     python benchmarks/goodput.py --llama3-rate          # the fault rate Llama 3 met, scaled to these nodes
+    python benchmarks/goodput.py --site slurm           # through srun on the Slurm test cluster (tests/infra)
+    python benchmarks/goodput.py --site pbs             # through PBS (the emulator) and mpiexec (MPICH for PALS)
 
 A long run on the local site (CPU, a small GPT, 2 active virtual nodes x 1 gloo rank + 3
 spares) through `campaign submit`, under a seeded schedule of faults: after each launch, a
@@ -28,6 +30,15 @@ less one step time). Each run has its own ledger (`--policies` picks which):
   It is NOT what ezpz does by default (EZPZ_DEFAULTS quotes that: no idle timeout unless
   --auto-retry, then 1800 s; 5-60 s back-off; a spare per failure); that second baseline is not
   run yet.
+
+`--site` picks the production path. `local` (default): the local launcher, where warm start
+and rescue are on. `slurm`: the real Slurm test cluster of this machine
+(tests/infra/slurm_cluster.sh, 4 virtual nodes: 2 active + 2 spares), the block an sbatch job
+through Parsl's SlurmProvider, every attempt an `srun`. `pbs`: the `aurora` site through Parsl's
+PBSProProvider against the PBS Pro emulator (tests/infra/pbs, a STAND-IN for PBS Pro), each
+attempt MPICH's `mpiexec` standing in for PALS (`launcher: mpich`), 2 active + 2 spares. On
+both, by the defaults (what their users get): no warm start (a launcher's ranks start cold),
+rescue on (srun and Hydra pass SIGUSR1 on: `contract.RESCUE_LAUNCHERS`; PALS itself is not).
 
 Every run checkpoints as a user would ask: `checkpoint_every: auto` with `mtbf_s` stated as
 the schedule's mean time between faults, each run's ledger holding the calibration run as
@@ -71,6 +82,57 @@ steps, a fault every ~15 s, where fixed per-fault costs dominate; --size another
 SPARES = 3
 """One per node the long run may exclude (its `exclusion_budget`): with fewer, random hangs
 exclude healthy nodes until the allocation is too small (measured with 1: the stage stopped)."""
+
+BATCH_SPARES = 2
+"""Spares of the batch sites (`--site slurm|pbs`): the Slurm test cluster has 4 nodes."""
+INFRA = Path(__file__).resolve().parents[1] / "tests" / "infra"
+
+
+def site_section(site: str, nodes: int) -> dict[str, Any]:
+    """The spec's `site` for `--site`: the local site's virtual nodes, or a batch block of
+    `nodes` active nodes and BATCH_SPARES spares (as tests/hpc run them)."""
+    if site == "local":
+        return {"kind": "local", "nodes": nodes + SPARES, "ranks_per_node": 1}
+    env = {"OMP_NUM_THREADS": "1"}
+    if site == "slurm":
+        return {"kind": "slurm", "partition": "debug", "nodes": nodes, "spares": BATCH_SPARES, "ranks_per_node": 1,
+                "walltime": "01:00:00", "env": {"MASTER_ADDR": "127.0.0.1", **env}}
+    return {"kind": "aurora", "account": "campaign", "queue": "debug-scaling", "nodes": nodes, "spares": BATCH_SPARES,
+            "walltime": "01:00:00", "launcher": "mpich", "ranks_per_node": 1, "env": env}
+
+
+@contextlib.contextmanager
+def batch_site(site: str, tmp: Path) -> Iterator[None]:
+    """Bring up what `--site` needs for the whole invocation: the Slurm test cluster (stopped
+    again if this started it) or the PBS emulator on PATH with its own state directory."""
+    if site == "local":
+        yield
+        return
+    if site == "pbs":
+        state = tmp / "pbs-state"
+        state.mkdir(parents=True, exist_ok=True)
+        os.environ["PATH"] = f"{INFRA / 'pbs'}{os.pathsep}{os.environ.get('PATH', '')}"
+        os.environ.update(PBS_EMULATOR_STATE=str(state), PBS_EMULATOR_KILL_DELAY="3")
+        try:
+            yield
+        finally:
+            listed = subprocess.run(["qstat", "-f", "-F", "json"], capture_output=True, text=True)
+            live = list(json.loads(listed.stdout or "{}").get("Jobs", {})) if listed.returncode == 0 else []
+            if live:  # qdel whatever block is still alive: the emulator's jobs are this machine's processes
+                subprocess.run(["qdel", "-W", "force", *live], capture_output=True)
+        return
+    script = ["bash", str(INFRA / "slurm_cluster.sh")]
+    was_up = subprocess.run([*script, "status"], capture_output=True).returncode == 0
+    up = subprocess.run([*script, "start", str(2 + BATCH_SPARES)], capture_output=True, text=True)
+    if up.returncode != 0:
+        raise SystemExit(f"the Slurm test cluster did not start:\n{up.stdout}\n{up.stderr}")
+    env = subprocess.run([*script, "env"], capture_output=True, text=True, check=True).stdout
+    os.environ["SLURM_CONF"] = env.strip().split("=", 1)[1].strip("'\"")
+    try:
+        yield
+    finally:
+        if not was_up:
+            subprocess.run([*script, "stop"], capture_output=True)
 BASELINE = {"exclude_suspects": False, "exclusion_budget": 0,
             "watchdog": {"heartbeat_stale_s": 1e9, "drill_s": 0, "confirmed_floor_s": 9.0}}
 """`blind retry`: our own stall budget on step output (the full 9 s floor: no heartbeat evidence
@@ -133,6 +195,8 @@ class Setup:
     model: dict[str, Any]
     nodes: int = 2
     micro_batch: int = 4
+    site: str = "local"
+    """`--site`: local, slurm or pbs (site_section)."""
 
 
 POLICIES = (("ours", {}, {}), ("ours cold", {}, {"warm_start": False}), ("no rescue", {}, {"rescue": False}),
@@ -148,7 +212,7 @@ def spec(setup: Setup, name: str, steps: int, every: int | str, faults: list[dic
              "watchdog": {"startup_s": 120}, **extra}
     if "watchdog" in extra:
         stage["watchdog"] = {"startup_s": 120, **extra["watchdog"]}
-    return {"name": name, "site": {"kind": "local", "nodes": setup.nodes + SPARES, "ranks_per_node": 1},
+    return {"name": name, "site": site_section(setup.site, setup.nodes),
             "model": setup.model, "stages": [stage],
             "trainer": {"micro_batch_size": setup.micro_batch, "warmup_steps": 5, **(trainer or {})}}
 
@@ -226,7 +290,7 @@ def calibrate(setup: Setup, tmp: Path, steps: int = 30) -> tuple[float, float]:
     ledger = open_ledger(f"sqlite:///{tmp / 'calibrate' / 'ledger.db'}", create=False)
     try:
         with ledger.session() as s:
-            [(_, g)] = goodput.site_history(s, "local")
+            [(_, g)] = goodput.site_history(s, doc["site"]["kind"])
     finally:
         ledger.close()
     return float(g["step_s"]), float(g["save_s"] or 0.0)
@@ -269,6 +333,8 @@ def main() -> None:
     ap.add_argument("--micro-batch", type=int, default=4)
     ap.add_argument("--keep", type=Path, default=None, metavar="DIR",
                     help="keep every run's work directory (ledger, run directories) under DIR instead of a temporary one")
+    ap.add_argument("--site", choices=("local", "slurm", "pbs"), default="local",
+                    help="local launcher (default), srun on the Slurm test cluster, or mpiexec under the PBS emulator")
     ap.add_argument("--policies", default="ours,blind retry",
                     help="which runs, comma-separated, of: ours, ours cold, no rescue, blind retry (default: ours, "
                          "blind retry; the first and the last are compared)")
@@ -290,59 +356,63 @@ def main() -> None:
 
     model = dict(MODEL) if args.size is None else {"size": args.size}
     model.update({k: v for k, v in (("d_model", args.d_model), ("seq_len", args.seq_len)) if v is not None})
-    setup = Setup(model, args.nodes, args.micro_batch)
+    setup = Setup(model, args.nodes, args.micro_batch, args.site)
+    if args.site != "local" and (args.bad_node or args.nodes != 2):
+        ap.error(f"--site {args.site}: 2 active nodes (the test cluster's 4 = 2 + 2 spares) and no --bad-node")
 
     if args.keep is not None and args.keep.exists() and any(args.keep.iterdir()):
         ap.error(f"--keep {args.keep}: the directory is not empty")
     with (tempfile.TemporaryDirectory() if args.keep is None else _kept(args.keep)) as tmp_name:
         tmp = Path(tmp_name)
-        step_s, save_s = calibrate(setup, tmp)
-        if args.llama3_rate:
-            mtbf = llama3_mtbf_s(setup.nodes)
-            args.mean_steps = mtbf / step_s
-            print(f"Llama 3's rate scaled to {setup.nodes} node(s): a fault every {mtbf:,.0f} s = "
-                  f"{args.mean_steps:,.0f} steps of {step_s:.3f} s; expected faults in {args.steps} steps: "
-                  f"{args.steps / args.mean_steps:.2g}")
-        every = args.checkpoint_every or max(1, round(goodput.daly_interval(save_s, args.mean_steps * step_s) / step_s))
-        faults = (schedule(args.seed, args.steps, args.mean_steps, every, ranks=setup.nodes) if not args.bad_node
-                  else [{"kind": "hang", "step": max(1, args.steps // 3), "node": "local-n1"}])
-        print(f"model {setup.model}, {setup.nodes} active node(s) x 1 rank, micro-batch {setup.micro_batch}")
-        how = (f"checkpoint every {args.checkpoint_every} steps" if args.checkpoint_every else
-               f"checkpoint_every auto (mtbf_s {args.mean_steps * step_s:.0f}: {every} steps before any rescue)")
-        print(f"step {step_s:.3f} s, checkpoint save stall {save_s:.3f} s -> {how}; "
-              f"{len(faults)} faults: " + ", ".join(f"{f['kind']}@{f['step']}/{'r' + str(f['rank']) if 'rank' in f else f['node']}" for f in faults))
-        if not faults:
-            print(f"note: seed {args.seed} draws no fault within {args.steps} steps: this measures the fault-free ceiling")
-        label_of = {tuple(sorted(v.items())): k for k, v in FAULT_MIX}
-        kinds = [label_of.get(tuple(sorted((k, v) for k, v in f.items() if k not in ("step", "rank", "attempt",
-                                                                                      "node"))), f["kind"])
-                 for f in faults]
-        runs: dict[str, list[dict[str, Any]]] = {label: [] for label in wanted}
-        for r in range(args.repeats):
-            seed = args.seed + r
-            if r:
-                faults = schedule(seed, args.steps, args.mean_steps, every, ranks=setup.nodes) if not args.bad_node \
-                    else faults
-                kinds = [label_of.get(tuple(sorted((k, v) for k, v in f.items()
-                                                   if k not in ("step", "rank", "attempt", "node"))), f["kind"])
-                         for f in faults]
-                print(f"repeat {r + 1} (seed {seed}): {len(faults)} faults: "
-                      + ", ".join(f"{k}@{f['step']}" for k, f in zip(kinds, faults)))
-            order = [p for p in POLICIES if p[0] in wanted]
-            for label, extra, trainer in (order if r % 2 == 0 else order[::-1]):
-                name = f"{label.replace(' ', '-')}-r{r + 1}"
-                if args.checkpoint_every:
-                    doc = spec(setup, name, args.steps, args.checkpoint_every, faults, extra, trainer)
-                else:
-                    seed_history(tmp, name)
-                    doc = spec(setup, name, args.steps, "auto", faults, extra, trainer, mtbf_s=args.mean_steps * step_s)
-                out = run(name, doc, tmp)
-                out.update(label=label, repeat=r + 1, faults=len(faults), met=met_all(out, faults),
-                           lost_by_kind=list(zip(kinds, lost_per_fault(out, faults, step_s))))
-                runs[label].append(out)
-                g = out["goodput"]
-                print(f"{label} (repeat {r + 1}): {out['verdict']} [{', '.join(out['classes'])}]; ETTR {g['ettr']}, "
-                      f"wall {g['wall_s']} s, met all {len(faults)} faults: {out['met']}", flush=True)
+        with batch_site(args.site, tmp):
+            step_s, save_s = calibrate(setup, tmp)
+            if args.llama3_rate:
+                mtbf = llama3_mtbf_s(setup.nodes)
+                args.mean_steps = mtbf / step_s
+                print(f"Llama 3's rate scaled to {setup.nodes} node(s): a fault every {mtbf:,.0f} s = "
+                      f"{args.mean_steps:,.0f} steps of {step_s:.3f} s; expected faults in {args.steps} steps: "
+                      f"{args.steps / args.mean_steps:.2g}")
+            every = args.checkpoint_every or max(1, round(goodput.daly_interval(save_s, args.mean_steps * step_s) / step_s))
+            faults = (schedule(args.seed, args.steps, args.mean_steps, every, ranks=setup.nodes) if not args.bad_node
+                      else [{"kind": "hang", "step": max(1, args.steps // 3), "node": "local-n1"}])
+            print(f"site {args.site}: model {setup.model}, {setup.nodes} active node(s) x 1 rank, "
+                  f"micro-batch {setup.micro_batch}")
+            how = (f"checkpoint every {args.checkpoint_every} steps" if args.checkpoint_every else
+                   f"checkpoint_every auto (mtbf_s {args.mean_steps * step_s:.0f}: {every} steps before any rescue)")
+            print(f"step {step_s:.3f} s, checkpoint save stall {save_s:.3f} s -> {how}; "
+                  f"{len(faults)} faults: " + ", ".join(f"{f['kind']}@{f['step']}/{'r' + str(f['rank']) if 'rank' in f else f['node']}" for f in faults))
+            if not faults:
+                print(f"note: seed {args.seed} draws no fault within {args.steps} steps: this measures the fault-free ceiling")
+            label_of = {tuple(sorted(v.items())): k for k, v in FAULT_MIX}
+            kinds = [label_of.get(tuple(sorted((k, v) for k, v in f.items() if k not in ("step", "rank", "attempt",
+                                                                                          "node"))), f["kind"])
+                     for f in faults]
+            runs: dict[str, list[dict[str, Any]]] = {label: [] for label in wanted}
+            for r in range(args.repeats):
+                seed = args.seed + r
+                if r:
+                    faults = schedule(seed, args.steps, args.mean_steps, every, ranks=setup.nodes) if not args.bad_node \
+                        else faults
+                    kinds = [label_of.get(tuple(sorted((k, v) for k, v in f.items()
+                                                       if k not in ("step", "rank", "attempt", "node"))), f["kind"])
+                             for f in faults]
+                    print(f"repeat {r + 1} (seed {seed}): {len(faults)} faults: "
+                          + ", ".join(f"{k}@{f['step']}" for k, f in zip(kinds, faults)))
+                order = [p for p in POLICIES if p[0] in wanted]
+                for label, extra, trainer in (order if r % 2 == 0 else order[::-1]):
+                    name = f"{label.replace(' ', '-')}-r{r + 1}"
+                    if args.checkpoint_every:
+                        doc = spec(setup, name, args.steps, args.checkpoint_every, faults, extra, trainer)
+                    else:
+                        seed_history(tmp, name)
+                        doc = spec(setup, name, args.steps, "auto", faults, extra, trainer, mtbf_s=args.mean_steps * step_s)
+                    out = run(name, doc, tmp)
+                    out.update(label=label, repeat=r + 1, faults=len(faults), met=met_all(out, faults),
+                               lost_by_kind=list(zip(kinds, lost_per_fault(out, faults, step_s))))
+                    runs[label].append(out)
+                    g = out["goodput"]
+                    print(f"{label} (repeat {r + 1}): {out['verdict']} [{', '.join(out['classes'])}]; ETTR {g['ettr']}, "
+                          f"wall {g['wall_s']} s, met all {len(faults)} faults: {out['met']}", flush=True)
     print()
     print(table([o for label in wanted for o in runs[label]]))
     print()
