@@ -438,22 +438,39 @@ def assess(exits_seen: Sequence[RankExit], *, first_step: bool, nodes: Sequence[
                     f"{head}. Not enough evidence to blame a node ({why}); none blamed, one confirming retry.")
 
 
-def confirm(previous: Finding, current: Finding) -> Finding:
+def _ranks_moved(node: str, placements: tuple[Sequence[str], Sequence[str]] | None) -> bool:
+    """Whether `node` held other ranks in the retry than in the first launch: its place in the
+    active nodes (rank order) changed between the two."""
+    if not placements:
+        return False
+    before, now = placements
+    return node in before and node in now and list(before).index(node) != list(now).index(node)
+
+
+def confirm(previous: Finding, current: Finding,
+            placements: tuple[Sequence[str], Sequence[str]] | None = None) -> Finding:
     """The verdict after the confirming retry of an `unknown` finding (both for the same stage).
 
     If the retry found evidence, that stands. If the failure followed the node (same node,
     another rank: the retry should rotate the host order so ranks move), the node is suspect;
     if it followed the rank or moved to another node, it is systemic; if it repeated on the
-    same rank and node, evidence is still insufficient: stop, and probe the node (drill)."""
+    same rank and node, evidence is still insufficient: stop, and probe the node (drill).
+    `placements` (the two launches' active nodes, in rank order) tells, where the launcher
+    named the node but no rank (MPICH's "BAD TERMINATION ... RUNNING AT node"), whether other
+    ranks ran on that node the second time: then the failure followed the node too."""
     if previous.kind != "unknown" or current.kind != "unknown" or not previous.primary or not current.primary:
         return current
     p, c = previous.primary, current.primary
     same_line = normalise(previous.last_error_line) == normalise(current.last_error_line)
     where = f" (log: {current.log_path})" if current.log_path else ""
     quote = f" \"{current.last_error_line}\"{where}" if current.last_error_line else where
-    if p["node"] and p["node"] == c["node"] and p["rank"] != c["rank"]:
-        sus = Suspect(c["node"], f"failed twice on this node with different ranks (ranks {p['rank']} and "
-                      f"{c['rank']}, exits {p['exit_code']} and {c['exit_code']})",
+    unnamed = p["rank"] < 0 and c["rank"] < 0
+    if p["node"] and p["node"] == c["node"] and (p["rank"] != c["rank"] or
+                                                 (unnamed and _ranks_moved(c["node"], placements))):
+        ranks = ("other ranks on it the second time (the launcher named no rank; the ranks rotated" if unnamed
+                 else f"different ranks (ranks {p['rank']} and {c['rank']}")
+        sus = Suspect(c["node"], f"failed twice on this node with {ranks}, exits {p['exit_code']} and "
+                      f"{c['exit_code']})",
                       {"ranks": [p["rank"], c["rank"]], "exit_codes": [p["exit_code"], c["exit_code"]],
                        "last_error_line": current.last_error_line, "log_path": current.log_path})
         return Finding("node", (sus,), "relaunch_elsewhere", f"the failure followed node {c['node']} across ranks:"

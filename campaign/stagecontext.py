@@ -159,7 +159,8 @@ class StageContext:
         before, now = first.report.get("finding"), retry.report.get("finding")
         if not before or not now or retry.exit_code == 0:
             return retry
-        finding = evidence.confirm(evidence.Finding.from_dict(before), evidence.Finding.from_dict(now))
+        placements = (first.report.get("nodes") or [], retry.report.get("nodes") or [])
+        finding = evidence.confirm(evidence.Finding.from_dict(before), evidence.Finding.from_dict(now), placements)
         cls = exits.classify_finding(retry.exit_code, finding.kind)
         self.event("confirmed", f"confirming retry: {finding.message}", attempt_id=retry.attempt_id,
                    data={"finding": finding.to_dict()})

@@ -165,3 +165,31 @@ def test_a_hang_behind_mpiexec_is_rescued_through_the_launcher(pbs_emulator, tmp
     assert second["exit_class"] == "succeeded" and "x4000c0s1b0n0" not in second["nodes"], second
     events = [json.loads(ln) for ln in (stage / "attempt-002" / "events.jsonl").read_text().splitlines()]
     assert ("checkpoint_loaded", 11) in [(e["event"], e["step"]) for e in events]
+
+
+def test_a_node_lost_twice_behind_mpiexec_is_confirmed_by_rotation_and_excluded(pbs_emulator, tmp_path):
+    """Found by `benchmarks/goodput.py --site pbs`: MPICH's banner names the node of a killed
+    rank ("PID ... RUNNING AT x4000c0s1b0n0 ... EXIT CODE: 9") but no rank. The first loss gets
+    the confirming retry with the ranks rotated; the same node lost again, with other ranks on
+    it, is the node's fault: excluded, and the run finishes on the spare (it used to stop as
+    "the rank and the node did not move")."""
+    text = SPEC
+    for old, new in E2E.items():
+        text = text.replace(old, new.replace("OMP_NUM_THREADS: '1'", "OMP_NUM_THREADS: '1', CAMPAIGN_ALLOW_FAULTS: '1'"))
+    bad = "x4000c0s1b0n0"
+    text = text.split("stages:\n")[0] + (
+        "stages:\n  - name: long\n    kind: long_run\n    steps: 16\n    checkpoint_every: 4\n    max_attempts: 3\n"
+        "    backoff_s: 0\n    timeout_s: 200\n    watchdog: {startup_s: 120, floor_s: 4, heartbeat_stale_s: 5}\n"
+        f"    faults: [{{kind: sigkill, step: 6, node: {bad}, attempt: 1}}, "
+        f"{{kind: sigkill, step: 10, node: {bad}, attempt: 2}}]\n")
+    spec = tmp_path / "aurora.yaml"
+    spec.write_text(text)
+    proc = _campaign(tmp_path, "submit", str(spec), env={"CAMPAIGN_ALLOW_FAULTS": "1"})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    stage = tmp_path / "wd" / "aurora-emu" / "long"
+    reports = [json.loads((stage / f"attempt-00{i}" / "supervisor.json").read_text()) for i in (1, 2, 3)]
+    assert reports[0]["exit_class"] == "crashed_unknown" and reports[1]["nodes"] == reports[0]["nodes"][::-1], reports
+    status = json.loads(_campaign(tmp_path, "status", "aurora-emu", "--json").stdout)
+    events = " ".join(e["message"] for e in status.get("events", []))
+    assert f"the failure followed node {bad}" in events, events
+    assert reports[2]["exit_class"] == "succeeded" and bad not in reports[2]["nodes"], reports[2]

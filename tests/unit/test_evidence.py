@@ -407,6 +407,20 @@ def test_confirm(first: tuple[int, str], second: tuple[int, str], kind: str, rul
     assert f.retry == ("relaunch_elsewhere" if kind == "node" else "stop")
 
 
+def test_confirm_a_launcher_that_names_the_node_but_no_rank_blames_the_node_the_ranks_rotated_over() -> None:
+    """MPICH's banner names the node ("PID 2939 RUNNING AT n1 ... EXIT CODE: 9") and no rank:
+    measured under the PBS emulator (goodput.py --site pbs), two node losses on one node were
+    "the rank and the node did not move". The retry rotated the ranks: other ranks ran on n1
+    the second time, so the failure followed the node. Without rotation it still cannot tell."""
+    rotated = (["n1", "n2"], ["n2", "n1"])
+    f = confirm(unknown(-1, "n1"), unknown(-1, "n1"), rotated)
+    assert (f.kind, f.rule, [s.node for s in f.suspects]) == ("node", "confirm_node", ["n1"])
+    assert "other ranks on it the second time (the launcher named no rank; the ranks rotated" in f.suspects[0].reason
+    assert confirm(unknown(-1, "n1"), unknown(-1, "n1"), (["n1", "n2"], ["n1", "n2"])).rule == "confirm_same_place"
+    assert confirm(unknown(-1, "n1"), unknown(-1, "n1")).rule == "confirm_same_place"
+    assert confirm(unknown(-1, "n1"), unknown(-1, "n2"), rotated).rule == "confirm_moved"
+
+
 def test_confirm_keeps_a_retry_that_found_evidence() -> None:
     hw = assess([x(3, "n4", 1, 12, XID)], first_step=True, nodes=NODES)
     assert confirm(unknown(0, "n1"), hw) is hw
