@@ -8,8 +8,8 @@ and turns on DDP with NCCL on `cuda:LOCAL_RANK` whenever RANK is set, so each ra
 single-process (`env -u RANK`) from its own folder: two replicas, rank 0's output read
 (`progress: stdout`, `first_step: 0`), each saving one `ckpt.pt` (no step in the name) in its
 own folder, saved at `--eval_interval` (the resume test's {checkpoint_at}, else
-{checkpoint_every}; "never" for 0). 16 micro-steps per step keep a step near 0.1 s, so the
-resume test's interrupt (polled every 0.25 s) lands before the next save overwrites ckpt.pt.
+{checkpoint_every}; "never" for 0). A step takes 0.02-0.1 s here, so the resume test saves
+at step 50 and interrupts after 51: 49 steps before the next save would overwrite ckpt.pt.
 """
 
 from __future__ import annotations
@@ -117,7 +117,10 @@ def test_nanogpt_smoke_loss_check_and_scaling_from_step_times(ws: Workspace) -> 
 def test_nanogpt_long_run_and_resume_test_from_its_own_ckpt_pt(ws: Workspace) -> None:
     spec = nanogpt_spec(ws, [
         {"kind": "long_run", "steps": 8, "checkpoint_every": 4, "timeout_s": 120, "backoff_s": 0},
-        {"kind": "resume_test", "checkpoint_step": 10, "interrupt_step": 11, "steps": 14, "signals": ["SIGKILL"],
+        # nanoGPT saves ckpt.pt at every multiple of --eval_interval (here 50): the interrupt after
+        # step 51 must land before step 100's save overwrites it. At 10 (the next save at 20) it
+        # landed late under load (steps of ~0.02 s, polled every 0.25 s) and resumed from 20.
+        {"kind": "resume_test", "checkpoint_step": 50, "interrupt_step": 51, "steps": 54, "signals": ["SIGKILL"],
          "tolerance": 0.5, "timeout_s": 120},
     ])
     r = _submit(ws, spec)
@@ -126,7 +129,7 @@ def test_nanogpt_long_run_and_resume_test_from_its_own_ckpt_pt(ws: Workspace) ->
     assert [st["state"] for st in stages.values()] == ["passed"] * 2, stages
     assert "reached 8 steps" in stages["long_run"]["verdict"]
     verdict = stages["resume_test"]["verdict"]
-    assert "SIGKILL: resumed from step 10, equal max |diff|" in verdict, verdict
+    assert "SIGKILL: resumed from step 50, equal max |diff|" in verdict, verdict
     view = ledger_view(ws, "nanogpt")
     assert view["stage"] == "passed"
 
