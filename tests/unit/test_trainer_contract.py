@@ -167,23 +167,28 @@ def test_progress_lines_are_read_from_an_offset_leaving_a_partial_line(tmp_path:
     assert report.read_progress_lines(log, bng)[0] == [{"step": 0, "loss": 10.955, "tokens_per_s": 4350.86}]
 
 
-def test_a_trainer_counting_from_0_trains_exactly_the_steps_asked(tmp_path: Path) -> None:
-    """Issue 27 item 5: nanoGPT prints `iter 0` first and trains through --max_iters; with
-    `first_step: 0` it gets steps - 1 and its printed step N is recorded as step N + 1."""
+def _rows_read_from_rank0(req: Any, log: str) -> list[dict[str, Any]]:
+    """What the supervisor's ProgressAdapter appends to metrics.jsonl for rank 0's output `log`."""
     from campaign import report
     from campaign.supervisor import ProgressAdapter
 
+    run_dir = Path(req.run_dir)
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "logs" / "rank-0.log").write_text(log)
+    adapter = ProgressAdapter.for_request(req)
+    assert adapter is not None
+    adapter.poll(100.0)
+    return report.read_metrics(run_dir)[0]
+
+
+def test_a_trainer_counting_from_0_trains_exactly_the_steps_asked(tmp_path: Path) -> None:
+    """Issue 27 item 5: nanoGPT prints `iter 0` first and trains through --max_iters; with
+    `first_step: 0` it gets steps - 1 and its printed step N is recorded as step N + 1."""
     trainer = {"command": ["python", "t.py", "--max_iters={max_steps}"], "progress": "stdout", "first_step": 0,
                "step_pattern": r"iter (?P<step>\d+): loss (?P<loss>\S+),"}
     req = _request(_spec(trainer), tmp_path, Targets(steps=5))
     assert req.argv[-1] == "--max_iters=4" and req.env["CAMPAIGN_MAX_STEPS"] == "4"
-    run_dir = Path(req.run_dir)
-    (run_dir / "logs").mkdir(parents=True)
-    (run_dir / "logs" / "rank-0.log").write_text("".join(f"iter {i}: loss 3.5, time 1ms\n" for i in range(5)))
-    adapter = ProgressAdapter.for_request(req)
-    assert adapter is not None
-    adapter.poll(100.0)
-    rows, _ = report.read_metrics(run_dir)
+    rows = _rows_read_from_rank0(req, "".join(f"iter {i}: loss 3.5, time 1ms\n" for i in range(5)))
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     one = _request(_spec({**trainer, "first_step": 1}), tmp_path, Targets(steps=5))
     assert one.argv[-1] == "--max_iters=5"
@@ -193,22 +198,14 @@ def test_a_stdout_trainer_without_a_tokens_group_counts_the_specs_batch_per_step
     """Issue 27: a trainer read through its output that prints no tokens had every row at 0
     tokens (a token target and the progress plot saw nothing). With the batch in the spec
     (micro_batch_size x grad_accum x seq_len x ranks) step N counts N batches; without it, 0."""
-    from campaign import report
-    from campaign.supervisor import ProgressAdapter
-
     trainer = {"command": ["python", "t.py"], "progress": "stdout", "first_step": 0,
                "step_pattern": r"iter (?P<step>\d+): loss (?P<loss>\S+),", "micro_batch_size": 3, "grad_accum": 2}
     rows_of = {}
     for name, t in (("batch", trainer), ("none", {k: v for k, v in trainer.items() if k != "micro_batch_size"}),
                     ("own", {**trainer, "step_pattern": r"iter (?P<step>\d+): loss (?P<loss>\S+), tok (?P<tokens>\d+)"})):
         req = _request(_spec(t, model={"seq_len": 16}), tmp_path / name, Targets(steps=3))
-        run_dir = Path(req.run_dir)
-        (run_dir / "logs").mkdir(parents=True)
-        (run_dir / "logs" / "rank-0.log").write_text("".join(f"iter {i}: loss 3.5, tok {7 * i}\n" for i in range(3)))
-        adapter = ProgressAdapter.for_request(req)
-        assert adapter is not None
-        adapter.poll(100.0)
-        rows_of[name] = [r["tokens"] for r in report.read_metrics(run_dir)[0]]
+        rows = _rows_read_from_rank0(req, "".join(f"iter {i}: loss 3.5, tok {7 * i}\n" for i in range(3)))
+        rows_of[name] = [r["tokens"] for r in rows]
     per_step = 16 * 3 * 2 * 2  # seq_len x micro_batch_size x grad_accum x (2 nodes x 1 rank)
     assert rows_of == {"batch": [per_step, 2 * per_step, 3 * per_step], "none": [0, 0, 0], "own": [0, 7, 14]}
 
