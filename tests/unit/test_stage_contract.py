@@ -50,7 +50,12 @@ def first_targets(stage: ProbeStage, spec: Any, nodes: int) -> Targets:
 
 
 def run(ctx: Any, stage: ProbeStage) -> Verdict:
-    raise NotImplementedError
+    for n in stage.attempt_nodes(ctx.spec.site.nodes):
+        outcome = ctx.launch(first_targets(stage, ctx.spec, n), nodes=n, timeout_s=stage.timeout_s,
+                             label=f"{n} node(s)")
+        if outcome.exit_code != 0:
+            return Verdict(False, f"probe at {n} node(s): exit {outcome.exit_code}")
+    return judge()
 
 
 def judge() -> Verdict:
