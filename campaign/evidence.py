@@ -17,7 +17,7 @@ Evidence for a node, strongest first:
   a bus error, a machine check, a NIC link down. When *every* node of a multi-node launch shows
   it, no node stands out (like `watchdog.culprits`) and it is not node evidence;
 - death by a signal that points at a node (`NODE_SIGNALS`) of ranks on exactly one node of a
-  job of two or more nodes, while no rank elsewhere died the same way;
+  launch of two or more nodes, while no rank elsewhere died the same way;
 - the stall pattern: the suspects `watchdog.culprits` (or the bisection drill) named.
 Network errors (`HARDWARE`, scope "fabric": NCCL's "remote process exited or there was a
 network error", IB completion errors, libfabric/CXI/oneCCL ATL errors) are printed by the
