@@ -113,6 +113,7 @@ def batch_site(site: str, tmp: Path) -> Iterator[None]:
     if site == "pbs":
         state = tmp / "pbs-state"
         state.mkdir(parents=True, exist_ok=True)
+        saved = dict(os.environ)
         os.environ["PATH"] = f"{INFRA / 'pbs'}{os.pathsep}{os.environ.get('PATH', '')}"
         os.environ.update(PBS_EMULATOR_STATE=str(state), PBS_EMULATOR_KILL_DELAY="3")
         try:
@@ -122,6 +123,8 @@ def batch_site(site: str, tmp: Path) -> Iterator[None]:
             live = list(json.loads(listed.stdout or "{}").get("Jobs", {})) if listed.returncode == 0 else []
             if live:  # qdel whatever block is still alive: the emulator's jobs are this machine's processes
                 subprocess.run(["qdel", "-W", "force", *live], capture_output=True)
+            os.environ.clear()  # the emulator off PATH again
+            os.environ.update(saved)
         return
     script = ["bash", str(INFRA / "slurm_cluster.sh")]
     was_up = subprocess.run([*script, "status"], capture_output=True).returncode == 0
