@@ -106,7 +106,10 @@ def test_a_metrics_row_is_readable_by_another_process_as_soon_as_the_step_return
 
 def test_a_rank_killed_mid_run_leaves_only_whole_rows(tmp_path):
     """SIGKILL while rows of 2 KB are written as fast as they can be: every line in the file
-    is a whole, valid row, and the file ends at a line's end."""
+    is a whole, valid row, and a cut last row is never read. (Linux may cut a write() to a
+    regular file short when a fatal signal arrives between pages: the file ended mid-row once
+    in 4 clean-clone CI runs, so "the file ends at a line's end" is not a promise the kernel
+    makes; that the reader stops before the cut is ours.)"""
     proc = _writer(tmp_path, pace=False)
     path = tmp_path / report.METRICS_FILE
     deadline = time.monotonic() + 30
@@ -115,9 +118,10 @@ def test_a_rank_killed_mid_run_leaves_only_whole_rows(tmp_path):
     proc.kill()
     proc.wait()
     data = path.read_bytes()
-    assert data.endswith(b"\n")
+    whole = data.rfind(b"\n") + 1  # the end of the last whole row; a cut row may follow it
+    assert b"\n" not in data[whole:] and len(data) - whole < 2100, "at most one cut row, at the end"
     got = report.read_metrics_checked(tmp_path)
-    assert got.bad == 0 and got.offset == len(data)
+    assert got.bad == 0 and got.offset == whole, "the cut row is neither read nor counted as bad"
     assert [r["step"] for r in got.rows] == list(range(1, len(got.rows) + 1))
     assert len(got.rows) == data.count(b"\n") > 100
 
