@@ -467,7 +467,9 @@ def _watch(launch: _Launch, request: AttemptRequest, active: list[str], start: f
             beats = report.read_heartbeats(run_dir)
             found = watchdog.culprits(beats, active, now, policy) if beats else []
             if watchdog.stall_pattern(found, watch, policy):
-                decision = watchdog.decide(watch, policy, now, confirmed=True)
+                decision = watchdog.decide(watch, policy, now, confirmed="compute")
+            elif watchdog.collective_hang(beats, active, watch, policy):
+                decision = watchdog.decide(watch, policy, now, confirmed="collective")
         if decision.stalled and decision.phase == "exiting":
             # Every rank finished but the launch does not exit (e.g. srun waiting on a lost
             # socket): the training outcome is known; stop the launcher, do not call it a stall.
@@ -590,13 +592,15 @@ def drill_summary(log: list[dict[str, Any]], suspects: list[dict[str, Any]], dri
 def _bisect(request: AttemptRequest, active: list[str], policy: watchdog.WatchdogPolicy,
             log: list[dict[str, Any]] | None = None) -> list[tuple[str, list[dict[str, Any]]]]:
     """Nodes whose subset hangs a short collective drill, found by halving (instead of blind
-    rotation). A single-rank subset tests the node's own stack, not its network."""
+    rotation). The two halves are disjoint node sets, so their drills run at once: a round
+    costs one drill's time, not two. A single-rank subset tests the node's own stack, not its
+    network."""
     log = [] if log is None else log
     if len(active) < 2:
         return []
     half = len(active) // 2
     parts = [active[:half], active[half:]]
-    results = [_drill(request, part, policy) for part in parts]
+    results = _drills(request, parts, policy)
     log.extend({"nodes": part, "ok": ok} for part, ok in zip(parts, results))
     bad: list[tuple[str, list[dict[str, Any]]]] = []
     for part, ok in zip(parts, results):
@@ -605,20 +609,25 @@ def _bisect(request: AttemptRequest, active: list[str], policy: watchdog.Watchdo
     return bad
 
 
-def _drill(request: AttemptRequest, active: list[str], policy: watchdog.WatchdogPolicy) -> bool:
-    """Run `campaign.train.drill` on `active` with the attempt's launch plan; True if it passed in time."""
-    drill_dir = rundir.drill_dir(Path(request.run_dir), active)
-    (drill_dir / rundir.LOGS_DIR).mkdir(parents=True, exist_ok=True)
-    sub = request.for_drill(drill_dir, free_port())
-    sub.hostfile.write_text("".join(f"{h}\n" for h in active))
-    launch, _, _ = _start(sub, active)
+def _drills(request: AttemptRequest, parts: list[list[str]], policy: watchdog.WatchdogPolicy) -> list[bool]:
+    """Run `campaign.train.drill` on each node set of `parts` at the same time, each with the
+    attempt's launch plan on its own port; True for each that passed within drill_s."""
+    launches = []
+    for part in parts:
+        drill_dir = rundir.drill_dir(Path(request.run_dir), part)
+        (drill_dir / rundir.LOGS_DIR).mkdir(parents=True, exist_ok=True)
+        sub = request.for_drill(drill_dir, free_port())
+        sub.hostfile.write_text("".join(f"{h}\n" for h in part))
+        launches.append(_start(sub, part)[0])
     end = time.time() + policy.drill_s
-    while not launch.done and time.time() < end:
+    while not all(launch.done for launch in launches) and time.time() < end:
         time.sleep(0.2)
-        launch.poll(time.time())
-    passed = launch.done and all(code == 0 for code, _ in launch.exits.values())
-    if not launch.done:
-        launch.stop(time.time)
+        for launch in launches:
+            launch.poll(time.time())
+    passed = [launch.done and all(code == 0 for code, _ in launch.exits.values()) for launch in launches]
+    for launch in launches:
+        if not launch.done:
+            launch.stop(time.time)
     return passed
 
 

@@ -5,10 +5,14 @@ for longer than the budget of the phase it is in:
 
     startup      launch until the first step (imports, rendezvous, checkpoint load)
     warmup       the first `warmup_steps` steps: max(steady budget, warmup_s)
-    steady       step_factor x p99 step time + floor_s; or, once the heartbeats show the
-                 stall pattern (one rank still computing step S while its peers wait in
-                 step S's collective), step_factor x the slowest rank's compute time per
-                 step (the phase the rank is stuck in) + confirmed_floor_s
+    steady       step_factor x p99 step time + floor_s; or, once the heartbeats show a
+                 stall pattern, confirmed_floor_s in place of floor_s, on
+                 - step_factor x the slowest rank's compute time per step (the phase the
+                   rank is stuck in), when one rank still computes step S while its peers
+                   wait in step S's collective (`stall_pattern`);
+                 - step_factor x p99 step time, when every rank has waited in the same
+                   collective, of a step not yet reported, for longer than a whole step
+                   takes (`collective_hang`): a hang inside the collective
     exiting      every rank said "done" (or the deadline passed): exit_s to leave
     checkpoint   checkpoint_factor x the slowest save measured so far (or checkpoint_s)
 
@@ -77,12 +81,14 @@ class Decision:
     phase: str
     idle_s: float
     budget_s: float
-    confirmed: bool = False
-    """The heartbeats showed the stall pattern, so the budget had the confirmed floor."""
+    confirmed: str | None = None
+    """The stall pattern the heartbeats showed ("compute" or "collective"), so the budget had
+    the confirmed floor; None when they showed none."""
 
     @property
     def reason(self) -> str:
-        how = ", the heartbeats show who hangs" if self.confirmed else ""
+        how = {"compute": ", the heartbeats show who hangs",
+               "collective": ", the heartbeats show every rank stuck in one collective"}.get(self.confirmed or "", "")
         return f"no new step for {self.idle_s:.1f} s in phase {self.phase} (budget {self.budget_s:.1f} s{how})"
 
 
@@ -158,10 +164,11 @@ def steady_p99(w: Watch, policy: WatchdogPolicy) -> float:
     return p99(steady[-200:])
 
 
-def decide(w: Watch, policy: WatchdogPolicy, now: float, confirmed: bool = False) -> Decision:
+def decide(w: Watch, policy: WatchdogPolicy, now: float, confirmed: str | None = None) -> Decision:
     """Is the attempt stalled now? Pure: depends only on its arguments. `confirmed`: the
-    heartbeats show the stall pattern (`stall_pattern`), so the steady floor is
-    `confirmed_floor_s`."""
+    stall pattern the heartbeats show, so the steady floor is `confirmed_floor_s`: "compute"
+    (`stall_pattern`: the budget follows the stuck rank's compute time) or "collective"
+    (`collective_hang`: step_factor x p99 step time)."""
     idle = now - w.last_progress
     if w.exiting_since is not None:
         return Decision(now - w.exiting_since > policy.exit_s, "exiting", now - w.exiting_since, policy.exit_s)
@@ -172,10 +179,10 @@ def decide(w: Watch, policy: WatchdogPolicy, now: float, confirmed: bool = False
     if w.last_step == 0:
         return Decision(idle > policy.startup_s, "startup", idle, policy.startup_s)
     floor = min(policy.confirmed_floor_s, policy.floor_s) if confirmed else policy.floor_s
-    budget = (pattern_s(w, policy) if confirmed else policy.step_factor * steady_p99(w, policy)) + floor
+    budget = (pattern_s(w, policy) if confirmed == "compute" else policy.step_factor * steady_p99(w, policy)) + floor
     if w.steps_seen <= policy.warmup_steps:
         return Decision(idle > max(budget, policy.warmup_s), "warmup", idle, max(budget, policy.warmup_s))
-    return Decision(idle > budget, "steady", idle, budget, confirmed and floor < policy.floor_s)
+    return Decision(idle > budget, "steady", idle, budget, confirmed if floor < policy.floor_s else None)
 
 
 def checkpoint_budget(w: Watch, policy: WatchdogPolicy, unmeasured: float | None = None) -> float:
@@ -211,6 +218,28 @@ def stall_pattern(suspects: list[dict[str, Any]], w: Watch, policy: WatchdogPoli
     least = pattern_s(w, policy)
     return any(s["evidence"].get("phase") == "compute" and s["evidence"].get("stuck_s", 0) >= least
                for s in suspects)
+
+
+def collective_hang(beats: dict[str, dict[str, Any]], active: list[str], w: Watch, policy: WatchdogPolicy) -> bool:
+    """Whether every rank of every active node waits in the same collective, of a step after
+    the last one reported, and has waited there, by its own latest heartbeat, for longer than
+    the p99 step takes whole: the launch hangs inside that collective. The heartbeats cannot
+    say which rank caused it (all look alike); the supervisor's drill may."""
+    if w.last_step == 0 or not active:
+        return False
+    least = steady_p99(w, policy)
+    steps = set()
+    for node in active:
+        ranks = (beats.get(node) or {}).get("ranks") or {}
+        if not ranks:
+            return False
+        for r in ranks.values():
+            if r.get("phase") != "collective" or r.get("step") is None or r.get("since") is None:
+                return False
+            if float(r.get("time", 0)) - float(r["since"]) < least:
+                return False
+            steps.add(int(r["step"]))
+    return len(steps) == 1 and steps.pop() > w.last_step
 
 
 def culprits(beats: dict[str, dict[str, Any]], active: list[str], now: float,

@@ -82,7 +82,7 @@ def ledger_view(ws: Workspace, name: str) -> dict[str, Any]:
             assert c is not None
             run = reads.current_stage_runs(s, c)[0]
             attempts = [{"state": a.state, "exit_code": a.exit_code, "nodes": a.nodes, "first_step": a.first_step,
-                         "last_step": a.last_step, "suspects": a.suspects, "summary": a.summary,
+                         "last_step": a.last_step, "suspects": a.suspects, "summary": a.summary, "run_dir": a.run_dir,
                          "steps": [(m.step, m.tokens) for m in reads.list_steps(s, a.id)]} for a in run.attempts]
             exclusions = [{"node": e.node, "reason": e.reason, "evidence": e.evidence, "expires": e.expires}
                           for e in reads.list_exclusions(s, "local")]

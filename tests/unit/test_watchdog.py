@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from campaign.watchdog import (Watch, WatchdogPolicy, culprits, decide, early_budget, stall_pattern,
-                               stragglers)
+from campaign.watchdog import (Watch, WatchdogPolicy, collective_hang, culprits, decide, early_budget,
+                               stall_pattern, stragglers)
 
 POLICY = WatchdogPolicy(startup_s=100, step_factor=3, floor_s=10, warmup_steps=0, checkpoint_s=50)
 
@@ -113,7 +113,7 @@ def test_the_stall_pattern_shortens_the_steady_floor_and_only_then() -> None:
     w = steady(step_s=1.0)  # budget 3 x 1 + 10 = 13 s; confirmed 3 x 1 + 2 = 5 s
     assert early_budget(w, policy) == 5.0
     assert not decide(w, policy, 5.5).stalled
-    d = decide(w, policy, 5.5, confirmed=True)
+    d = decide(w, policy, 5.5, confirmed="compute")
     assert d.stalled and d.budget_s == 5.0 and "heartbeats show who hangs" in d.reason
     # The evidence: rank 1 of n1 computes step 21 while n0's rank waits in step 21's collective.
     beats = {"n0": beat("n0", 5.5, {0: (21, "collective", 0.4)}), "n1": beat("n1", 5.5, {1: (21, "compute", 0.0)})}
@@ -143,7 +143,7 @@ def test_the_stall_pattern_budget_follows_the_slowest_ranks_compute_time() -> No
                    "n1": {"ranks": {"1": {"compute_s": 0.5}, "2": {"compute_s": 0.3}}}})
     assert w.compute_s == 0.5
     assert early_budget(w, policy) == 3.5
-    d = decide(w, policy, 3.6, confirmed=True)
+    d = decide(w, policy, 3.6, confirmed="compute")
     assert d.stalled and d.budget_s == 3.5 and "heartbeats show who hangs" in d.reason
     assert not decide(w, policy, 3.6).stalled, "without the pattern the full budget applies"
     waiting = beat("n0", 3.6, {0: (21, "collective", 2.0)})
@@ -155,3 +155,33 @@ def test_the_stall_pattern_budget_follows_the_slowest_ranks_compute_time() -> No
     w.saw_compute({"n1": {"ranks": {"1": {"compute_s": 1.5}}}})
     assert early_budget(w, policy) == 6.5
     assert not stall_pattern(culprits(stuck, ["n0", "n1"], 3.6, policy), w, policy)
+
+
+def test_every_rank_stuck_in_one_collective_is_a_hang_at_three_step_times_plus_the_confirmed_floor() -> None:
+    """A hang inside the collective: every rank waits in step 21's all-reduce (the last row
+    was step 20 at t=0). Detection within 3 step times + 2 s (issue 28), not + the 10 s floor;
+    nobody is named (they all look alike: the drill's job)."""
+    policy = POLICY.model_copy(update={"confirmed_floor_s": 2.0})
+    w = steady(step_s=1.0)  # last step 20, reported at t=0
+    inside = {"n0": beat("n0", 5.1, {0: (21, "collective", 0.3)}), "n1": beat("n1", 5.1, {1: (21, "collective", 0.4)})}
+    assert collective_hang(inside, ["n0", "n1"], w, policy)
+    assert culprits(inside, ["n0", "n1"], 5.1, policy) == []
+    assert not decide(w, policy, 4.9, confirmed="collective").stalled
+    d = decide(w, policy, 5.1, confirmed="collective")
+    assert d.stalled and d.budget_s == 5.0 and "every rank stuck in one collective" in d.reason
+    assert not decide(w, policy, 5.1).stalled, "without the heartbeats the full floor applies (3 + 10 s)"
+    # Not a hang (yet): one rank entered the collective only 0.5 s ago by its own heartbeat.
+    late = {**inside, "n1": beat("n1", 5.1, {1: (21, "collective", 4.6)})}
+    assert not collective_hang(late, ["n0", "n1"], w, policy)
+    # One rank still computes: that is the compute pattern, not this one.
+    computing = {**inside, "n1": beat("n1", 5.1, {1: (21, "compute", 0.4)})}
+    assert not collective_hang(computing, ["n0", "n1"], w, policy)
+    # Ranks in the collectives of different steps, or of the step already reported: no.
+    apart = {**inside, "n1": beat("n1", 5.1, {1: (22, "collective", 0.4)})}
+    assert not collective_hang(apart, ["n0", "n1"], w, policy)
+    old = {n: beat(n, 5.1, {i: (20, "collective", 0.3)}) for i, n in enumerate(["n0", "n1"])}
+    assert not collective_hang(old, ["n0", "n1"], w, policy)
+    # An active node without a heartbeat: not every rank is seen waiting.
+    assert not collective_hang({"n0": inside["n0"]}, ["n0", "n1"], w, policy)
+    # Before the first step nothing is steady.
+    assert not collective_hang(inside, ["n0", "n1"], Watch(started=0.0), policy)
