@@ -48,12 +48,14 @@ class WatchdogPolicy(StrictModel):
     floor_s: float = Field(default=9.0, gt=0)
     """...plus this floor (absorbs logging intervals and noise; with the supervisor's poll it
     keeps detection within 3 step times + 10 s)."""
-    confirmed_floor_s: float = Field(default=2.0, gt=0)
-    """The floor when the heartbeats already show the stall pattern (a rank still computing
+    confirmed_floor_s: float = Field(default=1.5, gt=0)
+    """The floor when the heartbeats already show a stall pattern (a rank still computing
     step S, for step_factor x the slowest rank's compute time per step, while its peers wait
-    in that step's collective): the wider floor waits for evidence that is then already
-    there. Two heartbeat intervals by default. Set it to floor_s to wait the full budget
-    regardless."""
+    in that step's collective; or every rank waiting in one collective for longer than a whole
+    step): the wider floor waits for evidence that is then already there. By default one
+    heartbeat interval (1 s: the evidence may be that old) and two of the supervisor's polls
+    (0.25 s each), so that with the poll's own delay a hang is called within 3 step times +
+    2 s (issue 28). Set it to floor_s to wait the full budget regardless."""
     checkpoint_s: float = Field(default=300.0, gt=0)
     """Budget of a checkpoint save before one has been measured."""
     checkpoint_factor: float = Field(default=3.0, gt=0)

@@ -112,7 +112,7 @@ def describe_attempt(run: StageRun, a: Attempt) -> dict[str, Any]:
             "last_loss": jsonable(a.last_loss), "started": iso_time(a.started), "finished": iso_time(a.finished),
             "duration_s": duration, "suspects": [x.get("node") for x in (a.suspects or []) if isinstance(x, dict)],
             "bad_metric_rows": int(((a.summary or {}).get("bad_metric_rows") or {}).get("count") or 0),
-            "run_dir": a.run_dir or None}
+            "detected_after_s": (a.summary or {}).get("detected_after_s"), "run_dir": a.run_dir or None}
 
 
 def bad_rows_line(bad: dict[str, Any]) -> str:
