@@ -4,42 +4,37 @@
     code = engine.submit(source_text)    # 0 all passed, 1 a stage failed, 130 cancelled
 
 One submission: take the campaign's lease (one driver at a time), recover what a crashed
-driver left (`campaign.recovery`), load one Parsl config of the site (the block
-lifecycle: load, renew when the spares are spent, restart when a block never started,
-unload), and for each stage not yet passed hand its module a `StageContext`
-(`campaign.stagecontext`); the stage asks for attempts. Each attempt runs through the
-engine's attempt runner: by default the supervisor as a Parsl app on the site's
-executor; `runner=campaign.runner.run_in_thread` runs it in this process without Parsl
-(fast tests). Only this process writes the ledger.
+driver left (`campaign.recovery`), hold the site's block (`campaign.block`: Parsl's load,
+renewal when the spares are spent, restart when a block never started, unload) for the
+stages, and for each stage not yet passed hand its module a `StageContext`
+(`campaign.stagecontext`); the stage asks for attempts, which run on the block: by default
+the supervisor as a Parsl app on the site's executor; `runner=campaign.runner.run_in_thread`
+runs it in this process without Parsl (fast tests). Only this process writes the ledger.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
-import socket
 import time
 import traceback
 from collections.abc import Iterator
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
-from campaign import goodput, report, stages
-from campaign.attempt import AttemptRequest, version_root
+from campaign import goodput, stages
+from campaign.attempt import version_root
+from campaign.block import Block
 from campaign.errors import CampaignConflict, LeaseLost, LedgerError, WorkdirError
-from campaign.executors.base import LABEL, Site
 from campaign.lease import RELEASE_WAIT_S, DriverLease
 from campaign.ledger import Ledger
 from campaign.ledger import reads, writes
 from campaign.ledger.models import Campaign, StageRun
 from campaign.progress import Progress
 from campaign.recovery import reap_dead_driver, recover_orphans
-from campaign.rundir import DRIVER_FILE, STOP_FILE
+from campaign.rundir import STOP_FILE
 from campaign.runner import AttemptRunner
 from campaign.spec import CampaignSpec, reread_digest
 from campaign.stagebase import StageSpec, Verdict
@@ -58,34 +53,6 @@ class Cancelled(Exception):
     """The driver was asked to stop (SIGTERM/SIGINT, `campaign cancel`)."""
 
 
-POLLER_JOIN_S = 10.0
-"""How long cleanup waits for Parsl's job status poller once the interchange is gone."""
-_ABANDONED: list[Any] = []
-"""Command clients of executors whose interchange died (release_lost_executor)."""
-
-
-def release_lost_executor(dfk: Any) -> None:
-    """Let `dfk.cleanup()` finish although the executor's interchange is gone. Parsl asks the
-    interchange over a REQ socket with no timeout, so two calls would wait forever for a
-    reply: scale_in at cleanup (so the blocks are cancelled through the provider here and
-    scale_in skipped), and a status poll that the job status poller's thread may have sent
-    just before (seen in CI: sent 30 ms before cleanup began; cleanup then joined that thread
-    forever). The poller's thread is a daemon: cleanup stops waiting for it after
-    POLLER_JOIN_S and leaves it blocked on the dead socket, which is not closed under it."""
-    executor = dfk.executors[LABEL]
-    executor.provider.cancel(list(executor.blocks_to_job_id.values()))
-    executor.scale_in = lambda *args, **kwargs: []
-    poller = dfk.job_status_poller
-    close = poller.close
-    poller.close = lambda timeout=None: close(timeout=POLLER_JOIN_S if timeout is None else timeout)
-    # Nor is the command client closed under that thread: zmq's term() waits for a socket
-    # another thread still waits on (seen: the driver stuck in shutdown's close(), and, when
-    # left to the garbage collector, in Context.__del__). It is kept until the process exits,
-    # where pyzmq destroys nothing.
-    _ABANDONED.append(executor.command_client)
-    executor.command_client.close = lambda: None
-
-
 class Engine:
     """Drives one campaign through its stages; the only writer of its ledger rows."""
 
@@ -99,13 +66,10 @@ class Engine:
         self.campaign_dir = self.workdir / spec.name
         self.run_root = self.campaign_dir
         self.progress = progress or Progress()
-        self._runner = runner
-        self._app: Any = None
+        self.block = Block(spec.site, self.campaign_dir, record=self.record_block_event, runner=runner)
         self.campaign_id: int | None = None
         self.cancel_requested = False
         self.current_run_dir: Path | None = None
-        self._dfk: Any = None
-        self._restarted = False
         self.lease_lost: str | None = None
         self._outage_said = -1e9
 
@@ -187,7 +151,7 @@ class Engine:
                 self.progress.stage_skipped(run.name, "passed earlier")
         try:
             if todo:
-                with self._parsl():
+                with self.block.loaded():
                     self._run_stages(todo)
         except Cancelled:
             try:
@@ -223,101 +187,16 @@ class Engine:
             self.progress.event(f"the ledger is not answering ({str(error).splitlines()[0][:160]}); the trainer "
                                 "goes on and its metrics are ingested once it answers")
 
-    # --- attempts and the block lifecycle ------------------------------------------------
+    # --- the block's events -----------------------------------------------------------------
 
-    def start_attempt(self, request: AttemptRequest) -> Future[dict[str, Any]]:
-        """Run the supervisor for `request` through this engine's runner."""
-        if self._runner is not None:
-            return self._runner(request)
-        if self._app is None:
-            from parsl import python_app
-
-            from campaign.supervisor import supervise
-
-            self._app = python_app(supervise, executors=[LABEL])
-        return self._app(request)  # type: ignore[no-any-return]
-
-    def runner_lost(self) -> str | None:
-        """Why attempts can no longer complete through Parsl (its interchange exited), or None."""
-        if self._dfk is None:
-            return None
-        proc = getattr(self._dfk.executors.get(LABEL), "interchange_proc", None)
-        code = proc.poll() if proc is not None else None
-        return None if code is None else f"the Parsl interchange exited (code {code})"
-
-    @contextlib.contextmanager
-    def _parsl(self) -> Iterator[None]:
-        """One Parsl DataFlowKernel (and one block) for the stages of this submission; a fresh
-        Config each time, as Parsl requires; `renew_block` may replace it in between. None
-        when attempts run through another runner."""
-        if self._runner is not None:
-            yield
-            return
-        self._load_parsl(self.spec.site)
-        try:
-            yield
-        finally:
-            self._unload_parsl()
-
-    def _load_parsl(self, site: Site) -> None:
-        import logging
-
-        import parsl
-
-        # Parsl logs to files in the campaign's folder: on a full disk each record would print
-        # "--- Logging error ---" and a traceback to the terminal (thousands of lines). Drop
-        # such records instead; the driver says what failed in its own words.
-        logging.raiseExceptions = False
-        self._dfk = parsl.load(site.parsl_config(self.campaign_dir / "parsl"))
-        proc = getattr(self._dfk.executors.get(LABEL), "interchange_proc", None)
-        report.write_json_atomic(self.campaign_dir / DRIVER_FILE, {
-            "host": socket.gethostname(), "pid": os.getpid(), "interchange_pid": proc.pid if proc else None,
-            "parsl_dir": str(self.campaign_dir / "parsl")})
-
-    def _unload_parsl(self) -> None:
-        import parsl
-
-        if self._dfk is not None:
-            if self.runner_lost() is not None:
-                release_lost_executor(self._dfk)
-            self._dfk.cleanup()
-            self._dfk = None
-            parsl.clear()
-
-    def restart_block(self, why: str) -> bool:
-        """A fresh Parsl load of the same site after its block failed to start or its interchange
-        died (once per submission)."""
-        if self._dfk is None or self._restarted:
-            return False
-        self._restarted = True
-        message = f"the block is gone; loading Parsl again for a new block ({why.splitlines()[0][:200]})"
-        for unit in self.writes("recording a block restart"):
+    def record_block_event(self, kind: str, message: str, data: dict[str, Any] | None) -> None:
+        """The block's `record`: its renewals and restarts, in the ledger and on the terminal."""
+        for unit in self.writes(f"recording the event {kind}"):
             with unit as s:
                 c = s.get(Campaign, self.campaign_id)
                 assert c is not None
-                writes.add_event(s, c, "block_restarted", message)
+                writes.add_event(s, c, kind, message, data=data)
         self.progress.event(message)
-        self._unload_parsl()
-        self._load_parsl(self.spec.site)
-        return True
-
-    def renew_block(self, excluded: list[str]) -> bool:
-        """Replace the block by a new one that can still provide the stage's nodes (batch sites:
-        the spares are spent). False where no new block can help (the local site)."""
-        new_site = self.spec.site.renewed(excluded)
-        if new_site is None or self._dfk is None:
-            return False
-        message = (f"spares spent ({len(excluded)} node(s) excluded): asking the provider for a new block of "
-                   f"{new_site.block_nodes} node(s)")
-        for unit in self.writes("recording a block renewal"):
-            with unit as s:
-                c = s.get(Campaign, self.campaign_id)
-                assert c is not None
-                writes.add_event(s, c, "block_renewed", message, data={"excluded": excluded})
-        self.progress.event(message)
-        self._unload_parsl()
-        self._load_parsl(new_site)
-        return True
 
     def run_stage(self, run: StageRun, stage: StageSpec) -> Verdict:
         self._set_stage(run, "running")

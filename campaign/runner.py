@@ -4,7 +4,7 @@
     report = future.result()            # the supervisor's report (a plain dict)
 
 The engine's default runner is the supervisor as a Parsl app on the site's block
-(`Engine.start_attempt`); tests and a driver that runs on the node itself pass
+(`campaign.block.Block.start`); tests and a driver that runs on the node itself pass
 `runner=run_in_thread`.
 """
 

@@ -248,10 +248,10 @@ class StageContext:
         self.engine.progress.attempt_started(self.run.name, number, n, steps, label)
         self.engine.current_run_dir = run_dir
         rep, offset = self._supervise(request, attempt_id, steps)
-        if rep.get("short_of_nodes") and self.engine.renew_block(excluded):
+        if rep.get("short_of_nodes") and self.engine.block.renew(excluded):
             # The block has too few usable nodes left (spares spent): a new block, then again.
             rep, offset = self._supervise(request, attempt_id, steps)
-        elif rep.get("block_failed") and self.engine.restart_block(rep["error"]):
+        elif rep.get("block_failed") and self.engine.block.restart(rep["error"]):
             # Parsl gives up on an executor whose block never started; a fresh load, then again.
             rep, offset = self._supervise(request, attempt_id, steps)
         self.engine.current_run_dir = None
@@ -274,7 +274,7 @@ class StageContext:
     def _supervise(self, request: AttemptRequest, attempt_id: int, steps: int) -> tuple[dict[str, Any], int]:
         """Start the supervisor through the engine's runner and ingest metrics until it returns."""
         run_dir = Path(request.run_dir)
-        future = self.engine.start_attempt(request)
+        future = self.engine.block.start(request)
         offset = 0
         while not future.done():
             time.sleep(INGEST_PERIOD_S / 4)
@@ -282,7 +282,7 @@ class StageContext:
             offset = self._ingest(attempt_id, run_dir, offset, steps)
             if self.engine.cancel_requested:
                 (run_dir / rundir.STOP_FILE).touch()
-            lost = self.engine.runner_lost()
+            lost = self.engine.block.lost()
             if lost is not None:  # the future would never complete: stop the attempt ourselves (launch or job)
                 from campaign.recovery import stop_orphan
 

@@ -15,14 +15,14 @@ import threading
 import parsl
 import pytest
 
-from campaign import engine
+from campaign import block
 from campaign.executors.base import LABEL
 from campaign.executors.local import LocalSite
 
 
 @pytest.mark.slow
 def test_cleanup_ends_when_the_poller_waits_on_a_dead_interchange(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(engine, "POLLER_JOIN_S", 2.0)
+    monkeypatch.setattr(block, "POLLER_JOIN_S", 2.0)
     site = LocalSite.model_validate({"kind": "local", "nodes": 1})
     dfk = parsl.load(site.parsl_config(tmp_path / "parsl"))
     try:
@@ -37,7 +37,7 @@ def test_cleanup_ends_when_the_poller_waits_on_a_dead_interchange(tmp_path, monk
 
         dfk.job_status_poller.callback = ask
         assert asked.wait(30), "the poller did not run"
-        engine.release_lost_executor(dfk)
+        block.release_lost_executor(dfk)
         cleanup = threading.Thread(target=dfk.cleanup, daemon=True)
         cleanup.start()
         cleanup.join(30)

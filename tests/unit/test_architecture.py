@@ -132,7 +132,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("model", ("campaign.stagebase", "campaign.watchdog", "campaign.evidence", "campaign.goodput", "campaign.summary",
                "campaign.reference", "campaign.executors", "campaign.spec", "campaign.contract", "campaign.stages",
                "campaign.walltime", "campaign.lease")),
-    ("attempt", ("campaign.attempt", "campaign.supervisor", "campaign.recovery", "campaign.runner",
+    ("attempt", ("campaign.attempt", "campaign.supervisor", "campaign.recovery", "campaign.runner", "campaign.block",
                  "campaign.checktrainer")),
     ("views", ("campaign.views", "campaign.plots", "campaign.progress", "campaign.export", "campaign.watch")),
     ("driver", ("campaign.stagecontext", "campaign.engine", "campaign.dryrun")),
