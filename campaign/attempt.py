@@ -1,5 +1,6 @@
 """One attempt as data: what the supervisor is asked to run (`AttemptRequest`), the one
-launch plan built from it, and the trainer config it carries (`trainer_config`).
+launch plan built from it, the trainer config it carries (`trainer_config`), and the report
+that comes back (`AttemptReport`).
 
     request = build_request(site, command, run_dir=..., nodes=2, excluded=[], timeout_s=600, ...)
     plan = request.launch_plan(hosts)        # the supervisor, the bisection drill and --dry-run
@@ -14,7 +15,9 @@ runs each through its attempt runner (`campaign.runner`; the Parsl app by defaul
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -34,6 +37,52 @@ if TYPE_CHECKING:
 
 HEARTBEAT_INTERVAL_S = 1.0
 """How often each node's local rank 0 rewrites its heartbeat file."""
+
+
+@dataclass
+class AttemptReport:
+    """What one attempt did, as the supervisor saw it: it sends this as a plain dict
+    (`to_dict`, JSON-able: also supervisor.json); the driver reads it back typed (`from_dict`)
+    and hands it to the stage in its `AttemptOutcome`."""
+
+    exit_code: int
+    exit_class: str
+    duration_s: float
+    nodes: list[str]
+    allocation: list[str] = field(default_factory=list)
+    spares: list[str] = field(default_factory=list)
+    killed_by: str | None = None
+    stall: str | None = None
+    first_failure: dict[str, Any] | None = None
+    suspects: list[dict[str, Any]] = field(default_factory=list)
+    last_step: int | None = None
+    launch_command: list[str] = field(default_factory=list)
+    launch_text: str | None = None
+    error: str | None = None
+    detected_after_s: float | None = None
+    stragglers: list[dict[str, Any]] = field(default_factory=list)
+    short_of_nodes: bool = False
+    finding: dict[str, Any] | None = None
+    """What the evidence says of a crash (`campaign.evidence.Finding`): node, systemic or unknown."""
+    rescue: dict[str, Any] | None = None
+    """The rescue checkpoint asked for after the fault (`rescue.json`: saved, step, rank, seconds or why not)."""
+    block_failed: bool = False
+    """Set by the driver, never by the supervisor: the block never started its worker, or the
+    driver lost its runner under the attempt (`campaign.stagecontext`): a fresh Parsl load may help."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> AttemptReport:
+        """The report a supervisor sent. A key this release does not know is an error (no
+        report comes back with keys on the side); a missing one takes its default."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        extra = sorted(set(doc) - known)
+        if extra:
+            raise ValueError(f"an attempt report with unknown key(s) {', '.join(extra)}: the supervisor on the block "
+                             "runs another release of campaign than the driver")
+        return cls(**doc)
 
 
 class Interrupt(StrictModel):

@@ -154,7 +154,7 @@ def after_retry(verdict: Verdict, first: Any) -> Verdict:
     attempt's last error line and log; `verdict` unchanged when no retry was made."""
     if first is None:
         return verdict
-    finding = first.report.get("finding") or {}
+    finding = first.report.finding or {}
     line = finding.get("last_error_line")
     note = (f" (on a confirming retry: attempt {first.number} ended {first.exit_class}, exit {first.exit_code}"
             f"{': ' + repr(line) if line else ''}; log: {finding.get('log_path') or first.rank0_log})")

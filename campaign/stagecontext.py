@@ -12,19 +12,19 @@ it runs (idempotent per step). Only the driver process writes the ledger.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from campaign import contract, evidence, exits, goodput, reference, report, rundir
-from campaign.attempt import AttemptRequest, Interrupt, build_request, trainer_config
+from campaign.attempt import AttemptReport, AttemptRequest, Interrupt, build_request, trainer_config
 from campaign.errors import WorkdirError
 from campaign.ledger import reads, writes
 from campaign.ledger.db import transient
 from campaign.ledger.models import Attempt, StageRun, utcnow
-from campaign.supervisor import AttemptReport
 from campaign.watchdog import WatchdogPolicy
 
 if TYPE_CHECKING:
@@ -47,26 +47,26 @@ class AttemptOutcome:
     run_dir: Path
     nodes: list[str]
     world_size: int
-    report: dict[str, Any]
+    report: AttemptReport
     metrics: list[dict[str, Any]]
     startup: dict[str, Any] | None
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
-        return int(self.report["exit_code"])
+        return self.report.exit_code
 
     @property
     def exit_class(self) -> str:
-        return str(self.report["exit_class"])
+        return self.report.exit_class
 
     @property
     def suspects(self) -> list[dict[str, Any]]:
-        return list(self.report.get("suspects") or [])
+        return list(self.report.suspects)
 
     @property
     def last_step(self) -> int | None:
-        return self.report.get("last_step")
+        return self.report.last_step
 
     @property
     def losses(self) -> dict[int, float]:
@@ -80,7 +80,7 @@ class AttemptOutcome:
 
     def as_dict(self) -> dict[str, Any]:
         files = {name: (self.run_dir / name).exists() for name in (report.METRICS_FILE, report.STARTUP_FILE)}
-        return {**self.report, "metrics": self.metrics, "startup": self.startup, "world_size": self.world_size,
+        return {**self.report.to_dict(), "metrics": self.metrics, "startup": self.startup, "world_size": self.world_size,
                 "checkpoints": self.checkpoints, "run_dir": str(self.run_dir), "log": str(self.rank0_log),
                 "files": files}
 
@@ -142,8 +142,8 @@ class StageContext:
 
     def reclassify(self, outcome: AttemptOutcome, changes: dict[str, Any]) -> AttemptOutcome:
         """Record what a later look at the evidence says of a finished attempt (the confirming
-        retry's verdict): its exit class, suspects, error and finding."""
-        outcome.report = {**outcome.report, **changes}
+        retry's verdict): its exit class, suspects, error and finding (fields of its report)."""
+        outcome.report = dataclasses.replace(outcome.report, **changes)
         for unit in self.engine.writes("recording the confirmed verdict"):
             with unit as s:
                 a = s.get(Attempt, outcome.attempt_id)
@@ -156,10 +156,10 @@ class StageContext:
     def confirm(self, first: AttemptOutcome, retry: AttemptOutcome) -> AttemptOutcome:
         """The confirming retry's outcome with what the two failures say together
         (`evidence.confirm`): the failure followed the node, the rank, or moved."""
-        before, now = first.report.get("finding"), retry.report.get("finding")
+        before, now = first.report.finding, retry.report.finding
         if not before or not now or retry.exit_code == 0:
             return retry
-        placements = (first.report.get("nodes") or [], retry.report.get("nodes") or [])
+        placements = (list(first.report.nodes), list(retry.report.nodes))
         finding = evidence.confirm(evidence.Finding.from_dict(before), evidence.Finding.from_dict(now), placements)
         cls = exits.classify_finding(retry.exit_code, finding.kind)
         self.event("confirmed", f"confirming retry: {finding.message}", attempt_id=retry.attempt_id,
@@ -184,7 +184,7 @@ class StageContext:
     def exclude_stragglers(self, outcome: AttemptOutcome, *, hours: float | None) -> list[str]:
         """Exclude the outcome's straggler nodes (the spec asked for it)."""
         found = [{"node": st["node"], "reason": f"straggler: {st['ratio']:.1f}x the other nodes' compute time",
-                  "evidence": st} for st in outcome.report.get("stragglers") or []]
+                  "evidence": st} for st in outcome.report.stragglers]
         return self._exclude(outcome, found, hours)
 
     def _exclude(self, outcome: AttemptOutcome, suspects: list[dict[str, Any]], hours: float | None) -> list[str]:
@@ -196,7 +196,7 @@ class StageContext:
                 assert a is not None
                 for sus in suspects:
                     evidence = {**sus.get("evidence", {}), "attempt": outcome.number, "exit_class": outcome.exit_class,
-                                "stall": outcome.report.get("stall")}
+                                "stall": outcome.report.stall}
                     writes.exclude_node(s, site=self.engine.site_name, node=sus["node"], reason=sus["reason"],
                                         evidence=evidence, attempt=a, expires=expires)
                     writes.add_event(s, a.stage_run.campaign, "node_excluded", f"excluded {sus['node']}: {sus['reason']}",
@@ -248,10 +248,10 @@ class StageContext:
         self.engine.progress.attempt_started(self.run.name, number, n, steps, label)
         self.engine.current_run_dir = run_dir
         rep, offset = self._supervise(request, attempt_id, steps)
-        if rep.get("short_of_nodes") and self.engine.block.renew(excluded):
+        if rep.short_of_nodes and self.engine.block.renew(excluded):
             # The block has too few usable nodes left (spares spent): a new block, then again.
             rep, offset = self._supervise(request, attempt_id, steps)
-        elif rep.get("block_failed") and self.engine.block.restart(rep["error"]):
+        elif rep.block_failed and self.engine.block.restart(rep.error or ""):
             # Parsl gives up on an executor whose block never started; a fresh load, then again.
             rep, offset = self._supervise(request, attempt_id, steps)
         self.engine.current_run_dir = None
@@ -271,7 +271,7 @@ class StageContext:
         raise WorkdirError(f"{why}; free space there (or fix its permissions), then `campaign resume "
                            f"{self.spec.name}`") from None
 
-    def _supervise(self, request: AttemptRequest, attempt_id: int, steps: int) -> tuple[dict[str, Any], int]:
+    def _supervise(self, request: AttemptRequest, attempt_id: int, steps: int) -> tuple[AttemptReport, int]:
         """Start the supervisor through the engine's runner and ingest metrics until it returns."""
         run_dir = Path(request.run_dir)
         future = self.engine.block.start(request)
@@ -289,9 +289,9 @@ class StageContext:
                 stopped = stop_orphan(run_dir, self.spec.site)
                 (run_dir / rundir.STOP_FILE).unlink(missing_ok=True)  # the launch is stopped; a relaunch may start
                 rep = _app_failure(RuntimeError(f"{lost}; {stopped}"), run_dir)
-                return {**rep, "exit_code": 143, "exit_class": "block_lost", "block_failed": True}, offset
+                return dataclasses.replace(rep, exit_code=143, exit_class="block_lost", block_failed=True), offset
         try:
-            return future.result(), offset
+            return AttemptReport.from_dict(future.result()), offset
         except Exception as e:  # the app itself failed: its block ended, or a bug/serialization problem
             # Its supervisor is gone (a lost worker: kill -9, the OOM killer) but the ranks it
             # launched may train on: stop them, and see them gone, before anything relaunches
@@ -301,7 +301,7 @@ class StageContext:
             stopped = stop_orphan(run_dir, self.spec.site)
             (run_dir / rundir.STOP_FILE).unlink(missing_ok=True)
             rep = _app_failure(e, run_dir)
-            return {**rep, "error": f"{rep['error']}; {stopped}"}, offset
+            return dataclasses.replace(rep, error=f"{rep.error}; {stopped}"), offset
 
     def _ingest(self, attempt_id: int, run_dir: Path, offset: int, steps: int, *, last: bool = False) -> int:
         """Ingest metrics.jsonl from `offset`; returns the offset to go on from. While the
@@ -359,7 +359,7 @@ class StageContext:
             writes.record_bad_metric_rows(s, a, bad, first=earlier is None)
         return int(a.number)
 
-    def _finish(self, attempt_id: int, number: int, run_dir: Path, rep: dict[str, Any], ckpt: Path,
+    def _finish(self, attempt_id: int, number: int, run_dir: Path, rep: AttemptReport, ckpt: Path,
                 steps: int) -> AttemptOutcome:
         checked = report.read_metrics_checked(run_dir, max_step=steps)  # the whole file: the bad-row count is exact
         metrics, summary = checked.rows, _summary(rep)
@@ -373,26 +373,26 @@ class StageContext:
             with unit as s:
                 a = s.get(Attempt, attempt_id)
                 assert a is not None
-                a.nodes = list(rep.get("nodes") or [])
+                a.nodes = list(rep.nodes)
                 for ck in (c for c in checkpoints if c["step"] is not None):  # a step not yet known: not recorded
                     writes.record_checkpoint(s, a.stage_run, a, step=ck["step"], tokens=ck.get("tokens") or 0,
                                              path=str(ck["path"]), complete=bool(ck["complete"]))
-                writes.finish_attempt(s, a, state=rep["exit_class"], exit_code=rep["exit_code"],
-                                      suspects=rep.get("suspects", []), summary=summary)
+                writes.finish_attempt(s, a, state=rep.exit_class, exit_code=rep.exit_code,
+                                      suspects=list(rep.suspects), summary=summary)
                 if bad_events is not None:
                     writes.record_bad_event_rows(s, a, bad_events)
                 goodput.record_attempt(s, a, events.rows)
         if bad_events is not None:
             self.engine.progress.event(f"warning: {self.run.name} attempt {number}: {reads.bad_rows_line(bad_events)}")
         self._record_fallbacks(attempt_id, number, events.rows)
-        self.engine.progress.attempt_finished(self.run.name, number, rep)
-        if rep.get("rescue"):
-            self.event("rescue", rescue_message(rep["rescue"]), attempt_id=attempt_id, data=rep["rescue"])
-        for st in rep.get("stragglers") or []:
+        self.engine.progress.attempt_finished(self.run.name, number, rep.to_dict())
+        if rep.rescue:
+            self.event("rescue", rescue_message(rep.rescue), attempt_id=attempt_id, data=rep.rescue)
+        for st in rep.stragglers:
             self.event("straggler", f"straggler {st['node']}: computes {st['ratio']:.1f}x as long per step as the "
                        f"other nodes' median ({st['compute_s'] * 1000:.0f} ms vs {st['others_median_s'] * 1000:.0f} ms)",
                        attempt_id=attempt_id, data=st)
-        nodes = list(rep.get("nodes") or [])
+        nodes = list(rep.nodes)
         return AttemptOutcome(attempt_id, number, run_dir, nodes, len(nodes) * self.spec.site.ranks_per_node, rep,
                               metrics, report.read_startup(run_dir), checkpoints)
 
@@ -405,9 +405,8 @@ def rescue_message(r: dict[str, Any]) -> str:
     return f"no rescue checkpoint: {r.get('why', 'unknown')}"
 
 
-def _app_failure(e: Exception, run_dir: Path) -> dict[str, Any]:
-    """The report of an attempt whose supervisor app never returned (an `AttemptReport`, as
-    the supervisor's own: the same keys, none added)."""
+def _app_failure(e: Exception, run_dir: Path) -> AttemptReport:
+    """The report of an attempt whose supervisor app never returned, written by the driver."""
     from parsl.executors.errors import BadStateException
     from parsl.executors.high_throughput.errors import ManagerLost, WorkerLost
 
@@ -416,10 +415,10 @@ def _app_failure(e: Exception, run_dir: Path) -> dict[str, Any]:
     metrics, _ = report.read_metrics(run_dir)
     what = ("the block failed to start its worker" if unstarted else "the block ended under the attempt" if lost
             else "supervisor app failed")
-    return asdict(AttemptReport(exit_code=143 if lost or unstarted else 1,
+    return AttemptReport(exit_code=143 if lost or unstarted else 1,
                                 exit_class="block_lost" if lost or unstarted else "crashed_systemic",
                                 block_failed=unstarted, duration_s=0.0, nodes=[],
-                                last_step=metrics[-1]["step"] if metrics else None, error=f"{what}: {str(e)[:2000]}"))
+                                last_step=metrics[-1]["step"] if metrics else None, error=f"{what}: {str(e)[:2000]}")
 
 
 def _tokens_base(run: StageRun, resume: bool) -> int:
@@ -431,7 +430,9 @@ def _tokens_base(run: StageRun, resume: bool) -> int:
     return int(run.tokens)
 
 
-def _summary(rep: dict[str, Any]) -> dict[str, Any]:
+def _summary(rep: AttemptReport) -> dict[str, Any]:
+    """What the ledger keeps of a report (attempt.summary): the fields a user reads later."""
     keep = ("duration_s", "killed_by", "stall", "first_failure", "launch_command", "launch_text", "error",
             "detected_after_s", "spares", "allocation", "stragglers", "finding", "rescue")
-    return {k: rep.get(k) for k in keep if rep.get(k) not in (None, [])}
+    doc = rep.to_dict()
+    return {k: doc[k] for k in keep if doc[k] not in (None, [])}

@@ -18,8 +18,10 @@ the trainer with the site's launcher, and watches it:
   says `rescue`) is asked to save a rescue checkpoint from one surviving replica
   (`campaign.train.rescue`): the relaunch then loses no step.
 
-It returns a plain dict (`AttemptReport`) that survives Parsl's serialization, and never
-touches the ledger: the driver ingests `metrics.jsonl` and the report.
+It returns its `AttemptReport` (campaign.attempt) as a plain dict, which survives Parsl's
+serialization whichever version of the package the worker has; the driver reads it back
+with `AttemptReport.from_dict`. It never touches the ledger: the driver ingests
+`metrics.jsonl` and the report.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from campaign import contract, evidence, exits, report, rundir, watchdog
-from campaign.attempt import AttemptRequest, Interrupt
+from campaign.attempt import AttemptReport, AttemptRequest, Interrupt
 from campaign.executors import warm
 from campaign.rundir import PIDS_FILE, STOP_FILE
 from campaign.train import rescue
@@ -54,36 +56,6 @@ RESCUE_WAIT_S = 60.0
 NOT_FAULTS = frozenset({exits.SIGTERM, exits.NONFINITE, exits.NO_RETRY, exits.BROKEN_ENV})
 """Exits after which no rescue is asked for: the deadline (the trainer checkpointed), a
 diverged or misconfigured run, an environment that cannot train."""
-
-
-@dataclass
-class AttemptReport:
-    """What one attempt did, as the supervisor saw it (JSON-able)."""
-
-    exit_code: int
-    exit_class: str
-    duration_s: float
-    nodes: list[str]
-    allocation: list[str] = field(default_factory=list)
-    spares: list[str] = field(default_factory=list)
-    killed_by: str | None = None
-    stall: str | None = None
-    first_failure: dict[str, Any] | None = None
-    suspects: list[dict[str, Any]] = field(default_factory=list)
-    last_step: int | None = None
-    launch_command: list[str] = field(default_factory=list)
-    launch_text: str | None = None
-    error: str | None = None
-    detected_after_s: float | None = None
-    stragglers: list[dict[str, Any]] = field(default_factory=list)
-    short_of_nodes: bool = False
-    finding: dict[str, Any] | None = None
-    """What the evidence says of a crash (`campaign.evidence.Finding`): node, systemic or unknown."""
-    rescue: dict[str, Any] | None = None
-    """The rescue checkpoint asked for after the fault (`rescue.json`: saved, step, rank, seconds or why not)."""
-    block_failed: bool = False
-    """Set by the driver, never by the supervisor: the block never started its worker, or the
-    driver lost its runner under the attempt (`campaign.stagecontext`): a fresh Parsl load may help."""
 
 
 class Failure(NamedTuple):
@@ -231,8 +203,8 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
 
 
 def _finish(run_dir: Path, out: AttemptReport) -> dict[str, Any]:
-    report.write_json_atomic(run_dir / rundir.SUPERVISOR_REPORT, asdict(out))
-    return asdict(out)
+    report.write_json_atomic(run_dir / rundir.SUPERVISOR_REPORT, out.to_dict())
+    return out.to_dict()
 
 
 def block_nodes() -> list[str]:

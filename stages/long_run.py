@@ -137,7 +137,7 @@ def run(ctx: StageContext, stage: LongRunStage) -> Verdict:
         if outcomes:
             _check_resumed(ctx, outcomes[-1], outcome, announced)
         outcomes.append(outcome)
-        if stage.exclude_stragglers and outcome.report.get("stragglers"):
+        if stage.exclude_stragglers and outcome.report.stragglers:
             excluded += ctx.exclude_stragglers(outcome, hours=stage.exclusion_hours)
         stop = next_action(outcomes, stage)
         if stop is not None:
@@ -153,7 +153,7 @@ def run(ctx: StageContext, stage: LongRunStage) -> Verdict:
         newest = contract.newest_complete(ctx.spec.trainer.checkpoints, ckpt)
         announced = newest["step"] if newest else 0
         ctx.event("relaunch", f"relaunching after {outcome.exit_class} (exit {outcome.exit_code}"
-                  f"{', ' + outcome.report['stall'] if outcome.report.get('stall') else ''}) "
+                  f"{', ' + outcome.report.stall if outcome.report.stall else ''}) "
                   + relaunch_from(newest, outcome.last_step), attempt_id=outcome.attempt_id,
                   data={"resume_step": announced, "steps_lost": max((outcome.last_step or 0) - (announced or 0), 0)
                         if announced is not None else None, "exit_class": outcome.exit_class})
@@ -195,7 +195,7 @@ def next_action(outcomes: list[AttemptOutcome], stage: LongRunStage) -> str | No
         return "done"
     if last.exit_class not in RELAUNCH:
         return "not resumable"
-    finding = last.report.get("finding") or {}
+    finding = last.report.finding or {}
     if last.exit_class == "crashed_systemic" and (finding.get("retry") == "stop" or
                                                   sum(o.exit_class == "crashed_systemic" for o in outcomes) > 1):
         return "systemic"

@@ -56,7 +56,7 @@ def run(ctx: StageContext, stage: LossCheckStage) -> Verdict:
     outcome, first = ctx.launch_confirmed(targets, retry_targets=retry, nodes=stage.nodes, timeout_s=stage.timeout_s)
     check_steps = list(range(stage.steps - stage.window + 1, stage.steps + 1))
     if outcome.exit_code != 0:
-        stall = f" [{outcome.report['stall']}]" if outcome.report.get("stall") else ""
+        stall = f" [{outcome.report.stall}]" if outcome.report.stall else ""
         return after_retry(Verdict(False, f"trainer exited {outcome.exit_code} ({outcome.exit_class}) "
                                    f"{at_step(outcome.last_step)}{stall}; rank 0's log: {outcome.rank0_log}",
                                    {"exit_code": outcome.exit_code}), first)

@@ -111,7 +111,7 @@ def run(ctx: StageContext, stage: ResumeTestStage) -> Verdict:
                                     "checkpoint_step": stage.checkpoint_step,
                                     # the built-in trainer's async saves may lag: it gets the timeout
                                     "give_up_step": give_up_step(stage) if own else None})
-        if cut.report.get("stall", "") and str(cut.report.get("stall")).startswith("no complete checkpoint"):
+        if cut.report.stall and cut.report.stall.startswith("no complete checkpoint"):
             layout = ctx.spec.trainer.checkpoints
             found = (f"trainer.checkpoints.glob {layout.glob!r}" if own and layout else
                      f"{report.checkpoint_name(stage.checkpoint_step)}/{report.COMPLETE_MARKER}")
