@@ -136,12 +136,12 @@ def test_corrupted_newest_checkpoint_falls_back_to_the_previous(ws: Workspace) -
 
 
 def test_walltime_shorter_than_the_run_checkpoints_and_continues(ws: Workspace) -> None:
-    # 600 steps of at least 60 ms (a fixed sleep each step, whatever the machine's speed) are
-    # more than 36 s of training: more than one 30 s "block" on a fast machine too (3000 plain
+    # 300 steps of at least 60 ms (a fixed sleep each step, whatever the machine's speed) are
+    # more than 18 s of training: more than one 15 s "block" on a fast machine too (3000 plain
     # steps once finished inside one block on an idle, fast one)
     slow = {"kind": "slow", "step": 1, "delay_s": 0.06}
-    stage = long_run([slow], steps=600, checkpoint_every=40, max_attempts=20, timeout_s=600)
-    spec = ws.write_spec(tiny_spec("walltime", [stage], walltime_s=30))
+    stage = long_run([slow], steps=300, checkpoint_every=20, max_attempts=20, timeout_s=600)
+    spec = ws.write_spec(tiny_spec("walltime", [stage], walltime_s=15))
     r = ws.cli("submit", str(spec), CAMPAIGN_ALLOW_FAULTS="1")
     assert r.code == 0, r.out + r.err
     view = ledger_view(ws, "walltime")
@@ -149,7 +149,7 @@ def test_walltime_shorter_than_the_run_checkpoints_and_continues(ws: Workspace) 
     assert states[-1] == "succeeded" and "walltime" in states
     assert view["exclusions"] == [], "a walltime is not a node's fault"
     steps = [s for a in view["attempts"] for s, _ in a["steps"]]
-    assert max(steps) == 600
+    assert max(steps) == 300
     walltimed = [a for a in view["attempts"] if a["state"] == "walltime"]
     assert all(a["exit_code"] == 143 for a in walltimed)
 
@@ -213,7 +213,7 @@ def test_straggler_is_reported_with_its_ratio_and_not_excluded_by_default(ws: Wo
 
 def test_hang_inside_a_collective_is_found_by_bisection(ws: Workspace) -> None:
     fault = [{"kind": "hang_in_collective", "step": 25, "node": "local-n1", "attempt": 1}]
-    watchdog = {**FAST_WATCHDOG, "drill_s": 40}
+    watchdog = {**FAST_WATCHDOG, "drill_s": 15}  # a passing one-node drill takes ~3-5 s here; the hung one all of it
     spec = ws.write_spec(tiny_spec("bisect", [long_run(fault, watchdog=watchdog)]))
     r = ws.cli("submit", str(spec), CAMPAIGN_ALLOW_FAULTS="1")
     assert r.code == 0, r.out + r.err
