@@ -17,13 +17,8 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/campaign submit examples/local.yaml
 	$(VENV)/bin/campaign status local-demo
 
-# Two pytest-xdist workers on this 2-core machine: most of the suite's time is spent waiting
-# (launches starting, stall budgets, Slurm and PBS jobs), so two overlap well; TEST_WORKERS=0 runs
-# in one process. tests/conftest.py keeps the Slurm tests on one worker and an `exclusive` test alone.
-TEST_WORKERS ?= 2
-
 test: $(VENV)/.installed system-deps
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

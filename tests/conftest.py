@@ -14,10 +14,6 @@
 * ``run_cli`` (function): ``run_cli("status", "--json", ...) -> (code, stdout, stderr)``;
   in-process through click's CliRunner by default, or ``subprocess=True`` for a real
   ``python -m campaign.cli`` process. CAMPAIGN_DB_URL / CAMPAIGN_WORKDIR are cleared.
-* Parallel runs (``make test``: ``pytest -n 2 --dist loadgroup``, pytest-xdist): the tests of
-  ``tests/hpc/`` share one group, so one worker runs them in order (one Slurm test cluster of
-  5 nodes, placements asserted); a test marked ``exclusive`` (it restarts PostgreSQL) takes
-  an exclusive lock that every other test holds shared while it runs, so it runs alone.
 * ``lease_holder`` (function): ``lease_holder(url, name, create=False) -> Popen``: a real
   process that holds campaign ``name``'s driver lease (creating the campaign first if asked)
   and, on SIGTERM, records it ``cancelled``, drops the lease and exits 0, as a driver does.
@@ -250,31 +246,3 @@ def lease_holder() -> Iterator[Callable[..., subprocess.Popen[str]]]:
         p.wait()
         if p.stdout is not None:
             p.stdout.close()
-
-
-SUITE_LOCK = Path(os.environ.get("CAMPAIGN_TEST_LOCK", f"/tmp/campaign-tests-{os.getuid()}.lock"))
-"""The readers-writer lock of parallel workers (fcntl.flock): shared per test, exclusive for
-tests marked `exclusive`."""
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if Path(str(item.fspath)).parent.name == "hpc":
-            item.add_marker(pytest.mark.xdist_group("hpc"))
-
-
-@pytest.fixture(autouse=True)
-def _suite_lock(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Under pytest-xdist only: hold the suite lock shared, or exclusive for an `exclusive` test."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        yield
-        return
-    import fcntl
-
-    with open(SUITE_LOCK, "a") as f:
-        exclusive = request.node.get_closest_marker("exclusive") is not None
-        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)

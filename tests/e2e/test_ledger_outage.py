@@ -81,7 +81,6 @@ def test_a_held_sqlite_write_lock_of_15_s_loses_nothing(ws: Workspace) -> None:
     assert stored == reported >= STEPS, "every step the trainer reported is in the ledger"
 
 
-@pytest.mark.exclusive
 def test_a_postgres_restart_loses_nothing(ws: Workspace, new_pg_url: Callable[[], str]) -> None:
     ctl = shutil.which("pg_ctlcluster")
     assert ctl, "PostgreSQL's pg_ctlcluster is needed to restart the server (Debian postgresql-common)"
