@@ -10,9 +10,12 @@ for longer than the budget of the phase it is in:
                  - step_factor x the slowest rank's compute time per step (the phase the
                    rank is stuck in), when one rank still computes step S while its peers
                    wait in step S's collective (`stall_pattern`);
-                 - step_factor x p99 step time, when every rank has waited in the same
-                   collective, of a step not yet reported, for longer than a whole step
-                   takes (`collective_hang`): a hang inside the collective
+                 - step_factor x the median step time, when every rank has waited in the
+                   same collective, of a step not yet reported, for longer than the p99
+                   step takes whole (`collective_hang`): a hang inside the collective. The
+                   median, not the p99: the heartbeats already rule out a slow step, and
+                   on a noisy machine the p99 runs to 1.5 x the median (issue 28: within
+                   3 step times + 2 s)
     exiting      every rank said "done" (or the deadline passed): exit_s to leave
     checkpoint   checkpoint_factor x the slowest save measured so far (or checkpoint_s)
 
@@ -166,11 +169,18 @@ def steady_p99(w: Watch, policy: WatchdogPolicy) -> float:
     return p99(steady[-200:])
 
 
+def steady_median(w: Watch, policy: WatchdogPolicy) -> float:
+    """Median of the same steps `steady_p99` reads: the typical step of the current regime."""
+    steady = w.step_times[policy.warmup_steps:] or w.step_times
+    return statistics.median(steady[-200:]) if steady else 0.0
+
+
 def decide(w: Watch, policy: WatchdogPolicy, now: float, confirmed: str | None = None) -> Decision:
     """Is the attempt stalled now? Pure: depends only on its arguments. `confirmed`: the
     stall pattern the heartbeats show, so the steady floor is `confirmed_floor_s`: "compute"
     (`stall_pattern`: the budget follows the stuck rank's compute time) or "collective"
-    (`collective_hang`: step_factor x p99 step time)."""
+    (`collective_hang`: step_factor x the median step time, the heartbeats having shown
+    every rank in the collective for longer than the p99 step)."""
     idle = now - w.last_progress
     if w.exiting_since is not None:
         return Decision(now - w.exiting_since > policy.exit_s, "exiting", now - w.exiting_since, policy.exit_s)
@@ -181,7 +191,12 @@ def decide(w: Watch, policy: WatchdogPolicy, now: float, confirmed: str | None =
     if w.last_step == 0:
         return Decision(idle > policy.startup_s, "startup", idle, policy.startup_s)
     floor = min(policy.confirmed_floor_s, policy.floor_s) if confirmed else policy.floor_s
-    budget = (pattern_s(w, policy) if confirmed == "compute" else policy.step_factor * steady_p99(w, policy)) + floor
+    if confirmed == "compute":
+        budget = pattern_s(w, policy) + floor
+    elif confirmed == "collective" and floor < policy.floor_s:
+        budget = policy.step_factor * steady_median(w, policy) + floor
+    else:
+        budget = policy.step_factor * steady_p99(w, policy) + floor
     if w.steps_seen <= policy.warmup_steps:
         return Decision(idle > max(budget, policy.warmup_s), "warmup", idle, max(budget, policy.warmup_s))
     return Decision(idle > budget, "steady", idle, budget, confirmed if floor < policy.floor_s else None)

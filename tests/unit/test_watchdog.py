@@ -185,3 +185,22 @@ def test_every_rank_stuck_in_one_collective_is_a_hang_at_three_step_times_plus_t
     assert not collective_hang({"n0": inside["n0"]}, ["n0", "n1"], w, policy)
     # Before the first step nothing is steady.
     assert not collective_hang(inside, ["n0", "n1"], Watch(started=0.0), policy)
+
+
+def test_a_confirmed_collective_hang_is_priced_at_the_median_step_not_the_p99() -> None:
+    """On a noisy machine (the Slurm test cluster's p99 step was 1.5 x its median) the p99
+    would stretch the budget past 3 step times + 2 s; once every rank has waited in the
+    collective longer than the p99 step, the budget follows the typical (median) step.
+    Without that evidence the p99 still sets it."""
+    policy = POLICY.model_copy(update={"confirmed_floor_s": 1.5})
+    w = Watch(started=0.0)
+    w.saw_steps([{"step": i, "step_time_s": 1.6 if i % 10 == 0 else 1.0} for i in range(1, 41)], 0.0)
+    inside = {"n0": beat("n0", 4.6, {0: (41, "collective", 0.3)}), "n1": beat("n1", 4.6, {1: (41, "collective", 0.4)})}
+    assert collective_hang(inside, ["n0", "n1"], w, policy)
+    d = decide(w, policy, 4.6, confirmed="collective")
+    assert d.stalled and d.budget_s == 4.5, d.reason  # 3 x 1.0 + 1.5, not 3 x 1.6 + 1.5 = 6.3
+    assert not decide(w, policy, 4.4, confirmed="collective").stalled
+    assert decide(w, policy, 4.6).budget_s == 3 * 1.6 + 10
+    # A confirmed floor as wide as the floor means "wait the full budget": the p99 again.
+    full = policy.model_copy(update={"confirmed_floor_s": 10.0})
+    assert decide(w, full, 4.6, confirmed="collective").budget_s == 3 * 1.6 + 10
