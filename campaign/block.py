@@ -4,6 +4,8 @@
     with block.loaded():                                       # parsl.load(site.parsl_config()); cleanup after
         future = block.start(request)                          # the supervisor as a Parsl app on the block
         block.lost()                                           # "the Parsl interchange exited (code -9)" or None
+        block.ended()                                          # "the block's job ended (CANCELLED)" or None
+        block.replace(why)                                     # a fresh load (a new block) after the job ended
         block.renew(excluded)                                  # batch sites: a new block once the spares are spent
         block.restart(why)                                     # once: a fresh load after the block never started
 
@@ -34,6 +36,12 @@ from campaign.executors.base import LABEL, Site
 from campaign.rundir import DRIVER_FILE
 from campaign.runner import AttemptRunner
 
+JOB_POLL_S = 5.0
+"""How often `ended()` asks the provider for the block's job state while an attempt runs (one
+squeue/qstat of one job id). Parsl polls Slurm and PBS every 60 s, and an interchange notices
+a cancelled block only when its manager's heartbeats stop (120 s): a cancelled or failed block
+cost the attempt 2 minutes before (issue 29 item 8 found it: the Slurm block-cancel test
+waited 117 s of its 133 s for it)."""
 POLLER_JOIN_S = 10.0
 """How long cleanup waits for Parsl's job status poller once the interchange is gone."""
 _ABANDONED: list[Any] = []
@@ -78,6 +86,7 @@ class Block:
         self._app: Any = None
         self._dfk: Any = None
         self._restarted = False
+        self._job_polled = 0.0
 
     def start(self, request: AttemptRequest) -> Future[dict[str, Any]]:
         """Run the supervisor for `request` through the runner: its future report."""
@@ -98,6 +107,41 @@ class Block:
         proc = getattr(self._dfk.executors.get(LABEL), "interchange_proc", None)
         code = proc.poll() if proc is not None else None
         return None if code is None else f"the Parsl interchange exited (code {code})"
+
+    def ended(self, now: float | None = None) -> str | None:
+        """Why the block's scheduler job is over (every block of the executor in a terminal
+        state by the provider: cancelled, failed, out of walltime, gone from the queue), or
+        None; asks the provider at most every JOB_POLL_S. A provider that cannot answer
+        (squeue down) is not a lost block: None, and the interchange's heartbeats still apply."""
+        import time
+
+        now = time.monotonic() if now is None else now
+        if self._dfk is None or now - self._job_polled < JOB_POLL_S:
+            return None
+        self._job_polled = now
+        executor = self._dfk.executors.get(LABEL)
+        try:
+            states = executor.status() if executor is not None else {}
+        except Exception as e:  # the provider's command failed: ask again next time
+            logging.getLogger(__name__).warning("asking the provider for the block's state failed: %s", e)
+            return None
+        if not states or not all(s.terminal for s in states.values()):
+            return None
+        jobs = ", ".join(f"job {executor.blocks_to_job_id.get(b, b)} {s.status_name}"
+                         + (" (done, or gone from the queue)" if s.status_name == "COMPLETED" else "")
+                         + (f": {s.message}" if s.message else "") for b, s in sorted(states.items()))
+        return f"the block's scheduler job ended under the attempt: {jobs}"
+
+    def replace(self, why: str) -> bool:
+        """A fresh load (and so a new block) after the block's job ended under an attempt:
+        Parsl's own strategy would ask for one only at its next status poll (60 s on Slurm and
+        PBS). False where nothing is loaded (another runner)."""
+        if self._dfk is None:
+            return False
+        self._record("block_replaced", f"{why}; loading Parsl again for a new block", None)
+        self._unload()
+        self._load(self.site)
+        return True
 
     @contextlib.contextmanager
     def loaded(self) -> Iterator[None]:
@@ -121,6 +165,7 @@ class Block:
         # such records instead; the driver says what failed in its own words.
         logging.raiseExceptions = False
         self._dfk = parsl.load(site.parsl_config(self.campaign_dir / "parsl"))
+        self._job_polled = 0.0
         proc = getattr(self._dfk.executors.get(LABEL), "interchange_proc", None)
         report.write_json_atomic(self.campaign_dir / DRIVER_FILE, {
             "host": socket.gethostname(), "pid": os.getpid(), "interchange_pid": proc.pid if proc else None,

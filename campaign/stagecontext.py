@@ -290,6 +290,16 @@ class StageContext:
                 (run_dir / rundir.STOP_FILE).unlink(missing_ok=True)  # the launch is stopped; a relaunch may start
                 rep = _app_failure(RuntimeError(f"{lost}; {stopped}"), run_dir)
                 return dataclasses.replace(rep, exit_code=143, exit_class="block_lost", block_failed=True), offset
+            ended = self.engine.block.ended()
+            if ended is not None:  # cancelled, failed or gone: its interchange would notice only in minutes
+                from campaign.recovery import stop_orphan
+
+                stopped = stop_orphan(run_dir, self.spec.site)
+                (run_dir / rundir.STOP_FILE).unlink(missing_ok=True)
+                self.engine.block.replace(ended)
+                rep = _app_failure(RuntimeError(f"{ended}; {stopped}"), run_dir)
+                return dataclasses.replace(rep, exit_code=143, exit_class="block_lost",
+                                           error=f"the block ended under the attempt: {ended}; {stopped}"), offset
         try:
             return AttemptReport.from_dict(future.result()), offset
         except Exception as e:  # the app itself failed: its block ended, or a bug/serialization problem

@@ -117,6 +117,13 @@ def test_block_cancelled_and_node_drained_under_a_running_long_run(slurm_cluster
     detail = status.get("attempts_detail") or []
     classes = [a.get("state") or a.get("exit_class") for a in detail]
     assert "block_lost" in classes, detail
+    # Noticed through the provider (sacct/squeue: the job is over) within seconds, and a new
+    # block loaded at once; not after the interchange's 120 s heartbeat threshold (ManagerLost),
+    # which left the test waiting 117 s of its 133 s.
+    replaced = [e for e in status["events"] if e["kind"] == "block_replaced"]
+    assert replaced and f"job {block[0]} " in replaced[0]["message"], status["events"]
+    lost = next(a for a in detail if a.get("state") == "block_lost")
+    assert lost["duration_s"] < 60, lost
 
 
 def test_spares_spent_asks_the_provider_for_a_new_block(slurm_cluster, tmp_path):
