@@ -179,7 +179,7 @@ def attempts_table(attempts: list[dict[str, Any]]) -> Table:
     for a in attempts:
         relaunch = prev is not None and prev["stage"] == a["stage"] and prev["state"] not in ("succeeded", "running")
         steps = "-" if a["last_step"] is None else f"{a['first_step']}-{a['last_step']}"
-        t.add_row(escape(a["stage"]), str(a["number"]), escape(("relaunch " if relaunch else "") + (a["label"] or "")),
+        t.add_row(escape(a["stage"]), str(a["number"]), escape(a["label"] or ("relaunch" if relaunch else "")),
                   _state(a["state"]), "-" if a["exit_code"] is None else str(a["exit_code"]), steps,
                   fmt_tokens(a["tokens"]), fmt_loss(a["last_loss"]), fmt_duration(a["duration_s"]),
                   escape(fmt_nodes(a["nodes"], a["node_count"]) + (f" (suspects: {', '.join(a['suspects'])})"

@@ -137,3 +137,23 @@ def test_campaigns_table_renders_rows() -> None:
     text = render(campaigns_table([{"name": "a", "site": "local", "state": "running", "stage": "long-run",
                                     "tokens": 7_771_000_000_000, "last_loss": 2.033, "updated": "2026-11-29 08:00"}]))
     assert "7.77T" in text and "2.0330" in text
+
+
+def test_the_attempts_table_shows_each_label_once() -> None:
+    """A relaunch's own label ("relaunch 1", "confirming retry") is shown as it is (it was
+    printed "relaunch relaunch 1"); an unlabelled attempt after a failed one reads "relaunch"."""
+    from rich.console import Console
+
+    from campaign.views import attempts_table
+
+    def row(number: int, label: str, state: str) -> dict:
+        return {"stage": "long", "number": number, "label": label, "state": state, "exit_code": 0, "first_step": 1,
+                "last_step": 10, "tokens": 100, "last_loss": 1.0, "duration_s": 1.0, "nodes": ["n1"], "node_count": 1}
+
+    console = Console(width=200, record=True)
+    console.print(attempts_table([row(1, "", "stalled"), row(2, "relaunch 1", "crashed_unknown"),
+                                  row(3, "confirming retry", "stalled"), row(4, "", "succeeded")]))
+    text = console.export_text()
+    assert "relaunch relaunch" not in text and "relaunch confirming" not in text
+    assert "relaunch 1" in text and "confirming retry" in text
+    assert [line.split("│")[3].strip() for line in text.splitlines() if line.startswith("│")][-1] == "relaunch"
