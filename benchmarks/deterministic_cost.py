@@ -27,7 +27,7 @@ from checkpoint_stall import run_trainer, say, versions  # noqa: E402
 
 TARGET_RATIO = 1.25
 """Deterministic kernels cost at most a quarter of the step time (1.134x measured at 1b on an
-H200): the bound under which `deterministic: true` stays the advice for bit-exact relaunches."""
+H200, no commit recorded: a history note in docs/performance.md): the bound under which `deterministic: true` stays the advice for bit-exact relaunches."""
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

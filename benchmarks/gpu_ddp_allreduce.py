@@ -20,7 +20,7 @@ the baseline: the ratio line says so.
     python benchmarks/gpu_ddp_allreduce.py --rehearsal            # tiny model on CPU (gloo)
     python benchmarks/gpu_ddp_allreduce.py --write-specs DIR      # only write gpu-1b-ddp.yaml
 
-Needs the `campaign` package installed. Measured numbers: docs/performance.md, "Multi-GPU (NCCL)".
+Needs the `campaign` package installed. Its section: docs/performance.md, "Multi-GPU (NCCL)" (the earlier figures are history there: no commit was recorded).
 """
 
 from __future__ import annotations

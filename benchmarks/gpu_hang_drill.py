@@ -28,7 +28,7 @@ checkpoint resumed from and kill -> first new step; then detection / budget per 
     python benchmarks/gpu_hang_drill.py --rehearsal              # tiny model on CPU (gloo)
     python benchmarks/gpu_hang_drill.py --write-specs DIR        # only write gpu-drill.yaml
 
-Needs the `campaign` package installed. Measured numbers: docs/performance.md, "Multi-GPU (NCCL)".
+Needs the `campaign` package installed. Its section: docs/performance.md, "Multi-GPU (NCCL)" (the earlier figures are history there: no commit was recorded).
 """
 
 from __future__ import annotations

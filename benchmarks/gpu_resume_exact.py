@@ -26,7 +26,7 @@ drift, and the ratio of the two.
     python benchmarks/gpu_resume_exact.py --rehearsal              # tiny model on CPU (gloo)
     python benchmarks/gpu_resume_exact.py --write-specs DIR        # only write gpu-resume.yaml
 
-Needs the `campaign` package installed. Measured numbers: docs/performance.md, "Multi-GPU (NCCL)".
+Needs the `campaign` package installed. Its section: docs/performance.md, "Multi-GPU (NCCL)" (the earlier figures are history there: no commit was recorded).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ baseline. With one GPU there is only the baseline: the ratio line says so.
     python benchmarks/gpu_throughput_in_campaign.py --write-specs DIR   # only write gpu-1b.yaml
 
 Needs the `campaign` package installed (`campaign.stages` is mapped from `stages/` at install).
-Measured numbers: docs/performance.md, "Multi-GPU (NCCL)".
+Its section: docs/performance.md, "Multi-GPU (NCCL)" (the earlier figures are history there: no commit was recorded).
 """
 
 from __future__ import annotations

@@ -190,7 +190,7 @@ class Saver:
         kept across saves, staging into pinned CPU buffers it allocates once
         (`cache_staged_state_dict`, torchtitan's async_with_pinned_mem before DefaultStager);
         DCP's default allocates pageable CPU memory per save, which blocked training on the
-        H200 about as long as a synchronous save (docs/performance.md)."""
+        H200 about as long as a synchronous save (docs/performance.md, "Checkpoint stall", a history note)."""
         if not (self.asynchronous and self._stager is None and self.device.type == "cuda"):
             return _Writer(path, before_write)
         if self._pinned is None:

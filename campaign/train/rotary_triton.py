@@ -1,7 +1,7 @@
 """Rotary embeddings as two Triton kernels, for CUDA (imported by `rotary.load_kernels` only).
 
-Why: profiled at 1b on an H200 (docs/performance.md), Inductor's code for the PyTorch
-rotary spent 13.1 ms a step in the backward (the rotation's gradient and the concatenation
+Why: profiled at 1b on an H200 (a history note in docs/performance.md), Inductor's code for
+the PyTorch rotary spent 13.1 ms a step in the backward (the rotation's gradient and the concatenation
 of dq, dk, dv into the QKV projection's gradient, at a third of the memory bandwidth) and
 3.8 ms in the forward. Here:
 
