@@ -103,8 +103,11 @@ def _parsl_config(run_dir: Path) -> Config:
         address="127.0.0.1",
         max_workers_per_node=1,
         cores_per_worker=1,
-        heartbeat_period=5,
-        heartbeat_threshold=30,
+        # Interchange and worker pool share this host: a worker pool whose driver was killed
+        # (its interchange gone with it) exits after 10 s of silence, not 30 s; a pool stalled
+        # that long by the scheduler is not a risk one host runs.
+        heartbeat_period=2,
+        heartbeat_threshold=10,
         provider=LocalProvider(
             init_blocks=1, min_blocks=0, max_blocks=1, launcher=SimpleLauncher(), worker_init=worker_init
         ),
