@@ -475,7 +475,8 @@ def _rescue(launch: _Launch, request: AttemptRequest, active: list[str], watch: 
     write the request, SIGUSR1 the launch, wait for `rescue.json` (bounded by the checkpoint
     budget). Every rank reads the request; the others, lingering after a lost peer, exit."""
     run_dir = Path(request.run_dir)
-    rank = _rescuer(launch, request, active, avoid_nodes, avoid_ranks)
+    placed = {int(r): node for node, b in report.read_heartbeats(run_dir).items() for r in (b.get("ranks") or {})}
+    rank = _rescuer(launch, request, active, avoid_nodes, avoid_ranks, placed)
     t0 = time.time()
     report.write_json_atomic(run_dir / rescue.REQUEST_FILE, {"rank": rank})
     launch.notify(signal.SIGUSR1)
@@ -496,11 +497,16 @@ def _rescue(launch: _Launch, request: AttemptRequest, active: list[str], watch: 
 
 
 def _rescuer(launch: _Launch, request: AttemptRequest, active: list[str], avoid_nodes: set[str],
-             avoid_ranks: set[Any]) -> int:
-    """The lowest rank still running on a node not under suspicion, or -1."""
+             avoid_ranks: set[Any], placed: dict[int, str] | None = None) -> int:
+    """The lowest rank still running on a node not under suspicion, or -1. Where a rank runs:
+    its own process (local launcher), else the node its heartbeat comes from (`placed`), else
+    the launch order. srun sorts `--nodelist` (man srun: "the node names will be sorted by
+    Slurm"), so on Slurm rank 0 is not always on active[0]: seen in the goodput benchmark, a
+    hang on n3 (active [n3, n1]) left no rescuer, both ranks taken for n3's."""
     local = {rank: (node, i) for i, (rank, node, _) in enumerate(launch.procs) if rank >= 0}
+    placed = placed or {}
     for rank in range(len(active) * request.ranks_per_node):
-        node, i = local.get(rank, (active[rank // request.ranks_per_node], None))
+        node, i = local.get(rank, (placed.get(rank, active[rank // request.ranks_per_node]), None))
         if node in avoid_nodes or rank in avoid_ranks or (i is not None and i in launch.exits):
             continue
         return rank
