@@ -428,7 +428,8 @@ def _watch(launch: _Launch, request: AttemptRequest, active: list[str], start: f
             # A rank died: the survivors linger (their collective failed) for the rescue request.
             rank, _, node, _ = launcher_failure(rundir.launcher_log(run_dir), failure) if failure.rank == -1 \
                 else failure
-            rescued = _rescue(launch, request, active, watch, avoid_nodes={node}, avoid_ranks={rank})
+            rescued = _rescue(launch, request, active, watch, report.read_heartbeats(run_dir), avoid_nodes={node},
+                              avoid_ranks={rank})
         if failure is not None and now - failure.seen > FAILED_RANK_GRACE_S:
             launch.stop(time.time)
             return _WatchOutcome(killed_by=None, rescue=rescued)  # the failed rank's exit is the evidence
@@ -461,7 +462,7 @@ def _watch(launch: _Launch, request: AttemptRequest, active: list[str], start: f
             suspects = watchdog.culprits(beats, active, now, policy) if beats or adapter is None else []
             detected = now - watch.last_progress
             if watch.rescue:
-                rescued = _rescue(launch, request, active, watch, avoid_nodes={s["node"] for s in suspects},
+                rescued = _rescue(launch, request, active, watch, beats, avoid_nodes={s["node"] for s in suspects},
                                   avoid_ranks={s["evidence"].get("rank") for s in suspects})
             launch.stop(time.time)
             return _WatchOutcome(killed_by="stalled" if decision.stalled else "timeout", stall=reason, suspects=suspects,
@@ -469,14 +470,15 @@ def _watch(launch: _Launch, request: AttemptRequest, active: list[str], start: f
         time.sleep(POLL_S)
 
 
-def _rescue(launch: _Launch, request: AttemptRequest, active: list[str], watch: watchdog.Watch, *,
+def _rescue(launch: _Launch, request: AttemptRequest, active: list[str], watch: watchdog.Watch,
+            beats: dict[str, dict[str, Any]], *,
             avoid_nodes: set[str], avoid_ranks: set[Any]) -> dict[str, Any]:
     """Ask one replica on a healthy node to save a rescue checkpoint (campaign.train.rescue):
     write the request, SIGUSR1 the launch, wait for `rescue.json` (bounded by the checkpoint
-    budget). Every rank reads the request; the others, lingering after a lost peer, exit."""
+    budget). Every rank reads the request; the others, lingering after a lost peer, exit.
+    `beats`: the heartbeats as just read (they say where each rank runs)."""
     run_dir = Path(request.run_dir)
-    placed = {int(r): node for node, b in report.read_heartbeats(run_dir).items() for r in (b.get("ranks") or {})}
-    rank = _rescuer(launch, request, active, avoid_nodes, avoid_ranks, placed)
+    rank = _rescuer(launch, request, active, avoid_nodes, avoid_ranks, watchdog.rank_nodes(beats))
     t0 = time.time()
     report.write_json_atomic(run_dir / rescue.REQUEST_FILE, {"rank": rank})
     launch.notify(signal.SIGUSR1)
@@ -499,10 +501,9 @@ def _rescue(launch: _Launch, request: AttemptRequest, active: list[str], watch: 
 def _rescuer(launch: _Launch, request: AttemptRequest, active: list[str], avoid_nodes: set[str],
              avoid_ranks: set[Any], placed: dict[int, str] | None = None) -> int:
     """The lowest rank still running on a node not under suspicion, or -1. Where a rank runs:
-    its own process (local launcher), else the node its heartbeat comes from (`placed`), else
-    the launch order. srun sorts `--nodelist` (man srun: "the node names will be sorted by
-    Slurm"), so on Slurm rank 0 is not always on active[0]: seen in the goodput benchmark, a
-    hang on n3 (active [n3, n1]) left no rescuer, both ranks taken for n3's."""
+    its own process (local launcher), else the node its heartbeat comes from (`placed`:
+    `watchdog.rank_nodes`), else the launch order, which srun does not keep: seen in the
+    goodput benchmark, a hang on n3 (active [n3, n1]) left no rescuer, both ranks taken for n3's."""
     local = {rank: (node, i) for i, (rank, node, _) in enumerate(launch.procs) if rank >= 0}
     placed = placed or {}
     for rank in range(len(active) * request.ranks_per_node):

@@ -162,17 +162,21 @@ def p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
+def _steady(w: Watch, policy: WatchdogPolicy) -> list[float]:
+    """The last 200 step times after warm-up: the current regime (the first steps of an
+    attempt, with allocator and collective warm-up, would inflate its statistics)."""
+    return (w.step_times[policy.warmup_steps:] or w.step_times)[-200:]
+
+
 def steady_p99(w: Watch, policy: WatchdogPolicy) -> float:
-    """p99 of the last 200 step times after warm-up: the current regime (the first steps of
-    an attempt, with allocator and collective warm-up, would inflate it)."""
-    steady = w.step_times[policy.warmup_steps:] or w.step_times
-    return p99(steady[-200:])
+    """p99 of the current regime's step times (`_steady`)."""
+    return p99(_steady(w, policy))
 
 
 def steady_median(w: Watch, policy: WatchdogPolicy) -> float:
-    """Median of the same steps `steady_p99` reads: the typical step of the current regime."""
-    steady = w.step_times[policy.warmup_steps:] or w.step_times
-    return statistics.median(steady[-200:]) if steady else 0.0
+    """Median of the current regime's step times (`_steady`): its typical step."""
+    steady = _steady(w, policy)
+    return statistics.median(steady) if steady else 0.0
 
 
 def decide(w: Watch, policy: WatchdogPolicy, now: float, confirmed: str | None = None) -> Decision:
@@ -291,6 +295,12 @@ def culprits(beats: dict[str, dict[str, Any]], active: list[str], now: float,
     if len(out) == len(active) and len(active) > 1:
         return []  # everyone looks the same: no node stands out
     return out
+
+
+def rank_nodes(beats: dict[str, dict[str, Any]]) -> dict[int, str]:
+    """Where each rank runs, by the node its heartbeat comes from. Not always the launch
+    order: srun sorts `--nodelist` ("the node names will be sorted by Slurm", man srun)."""
+    return {int(r): node for node, b in beats.items() for r in (b.get("ranks") or {})}
 
 
 def compute_times(beats: dict[str, dict[str, Any]]) -> dict[str, float]:
