@@ -25,6 +25,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -113,15 +114,13 @@ class Block:
         state by the provider: cancelled, failed, out of walltime, gone from the queue), or
         None; asks the provider at most every JOB_POLL_S. A provider that cannot answer
         (squeue down) is not a lost block: None, and the interchange's heartbeats still apply."""
-        import time
-
         now = time.monotonic() if now is None else now
         if self._dfk is None or now - self._job_polled < JOB_POLL_S:
             return None
         self._job_polled = now
-        executor = self._dfk.executors.get(LABEL)
+        executor = self._dfk.executors[LABEL]
         try:
-            states = executor.status() if executor is not None else {}
+            states = executor.status()
         except Exception as e:  # the provider's command failed: ask again next time
             logging.getLogger(__name__).warning("asking the provider for the block's state failed: %s", e)
             return None
@@ -165,7 +164,6 @@ class Block:
         # such records instead; the driver says what failed in its own words.
         logging.raiseExceptions = False
         self._dfk = parsl.load(site.parsl_config(self.campaign_dir / "parsl"))
-        self._job_polled = 0.0
         proc = getattr(self._dfk.executors.get(LABEL), "interchange_proc", None)
         report.write_json_atomic(self.campaign_dir / DRIVER_FILE, {
             "host": socket.gethostname(), "pid": os.getpid(), "interchange_pid": proc.pid if proc else None,

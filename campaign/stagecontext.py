@@ -283,35 +283,34 @@ class StageContext:
             if self.engine.cancel_requested:
                 (run_dir / rundir.STOP_FILE).touch()
             lost = self.engine.block.lost()
-            if lost is not None:  # the future would never complete: stop the attempt ourselves (launch or job)
-                from campaign.recovery import stop_orphan
-
-                stopped = stop_orphan(run_dir, self.spec.site)
-                (run_dir / rundir.STOP_FILE).unlink(missing_ok=True)  # the launch is stopped; a relaunch may start
-                rep = _app_failure(RuntimeError(f"{lost}; {stopped}"), run_dir)
-                return dataclasses.replace(rep, exit_code=143, exit_class="block_lost", block_failed=True), offset
-            ended = self.engine.block.ended()
-            if ended is not None:  # cancelled, failed or gone: its interchange would notice only in minutes
-                from campaign.recovery import stop_orphan
-
-                stopped = stop_orphan(run_dir, self.spec.site)
-                (run_dir / rundir.STOP_FILE).unlink(missing_ok=True)
-                self.engine.block.replace(ended)
-                rep = _app_failure(RuntimeError(f"{ended}; {stopped}"), run_dir)
-                return dataclasses.replace(rep, exit_code=143, exit_class="block_lost",
-                                           error=f"the block ended under the attempt: {ended}; {stopped}"), offset
+            ended = self.engine.block.ended() if lost is None else None
+            if lost is not None or ended is not None:
+                # The future would never complete (the interchange is gone), or only minutes
+                # after the block's job ended (the interchange's heartbeat threshold): stop the
+                # attempt ourselves (launch or job). A lost interchange is restarted once, on
+                # the same request (`block_failed`); an ended job gets a new block now.
+                why = f"{lost or ended}; {self._stop_launch(run_dir)}"
+                if ended is not None:
+                    self.engine.block.replace(ended)
+                return _block_gone(why, run_dir, block_failed=lost is not None), offset
         try:
             return AttemptReport.from_dict(future.result()), offset
         except Exception as e:  # the app itself failed: its block ended, or a bug/serialization problem
             # Its supervisor is gone (a lost worker: kill -9, the OOM killer) but the ranks it
             # launched may train on: stop them, and see them gone, before anything relaunches
             # into the same checkpoint folder; the last ingestion then takes all they wrote.
-            from campaign.recovery import stop_orphan
-
-            stopped = stop_orphan(run_dir, self.spec.site)
-            (run_dir / rundir.STOP_FILE).unlink(missing_ok=True)
+            stopped = self._stop_launch(run_dir)
             rep = _app_failure(e, run_dir)
             return dataclasses.replace(rep, error=f"{rep.error}; {stopped}"), offset
+
+    def _stop_launch(self, run_dir: Path) -> str:
+        """Stop an attempt's launch that its supervisor no longer watches (`recovery.stop_orphan`)
+        and clear the STOP file that did it, so a relaunch may start; what was done, in words."""
+        from campaign.recovery import stop_orphan
+
+        stopped = stop_orphan(run_dir, self.spec.site)
+        (run_dir / rundir.STOP_FILE).unlink(missing_ok=True)
+        return stopped
 
     def _ingest(self, attempt_id: int, run_dir: Path, offset: int, steps: int, *, last: bool = False) -> int:
         """Ingest metrics.jsonl from `offset`; returns the offset to go on from. While the
@@ -415,6 +414,18 @@ def rescue_message(r: dict[str, Any]) -> str:
     return f"no rescue checkpoint: {r.get('why', 'unknown')}"
 
 
+def _last_step(run_dir: Path) -> int | None:
+    metrics, _ = report.read_metrics(run_dir)
+    return metrics[-1]["step"] if metrics else None
+
+
+def _block_gone(why: str, run_dir: Path, *, block_failed: bool) -> AttemptReport:
+    """The report of an attempt whose block went away under it (its interchange exited, or
+    its scheduler job ended), written by the driver."""
+    return AttemptReport(exit_code=143, exit_class="block_lost", block_failed=block_failed, duration_s=0.0, nodes=[],
+                         last_step=_last_step(run_dir), error=why)
+
+
 def _app_failure(e: Exception, run_dir: Path) -> AttemptReport:
     """The report of an attempt whose supervisor app never returned, written by the driver."""
     from parsl.executors.errors import BadStateException
@@ -422,13 +433,12 @@ def _app_failure(e: Exception, run_dir: Path) -> AttemptReport:
 
     lost = isinstance(e, (ManagerLost, WorkerLost))
     unstarted = isinstance(e, BadStateException)  # the block's workers never registered
-    metrics, _ = report.read_metrics(run_dir)
     what = ("the block failed to start its worker" if unstarted else "the block ended under the attempt" if lost
             else "supervisor app failed")
     return AttemptReport(exit_code=143 if lost or unstarted else 1,
                                 exit_class="block_lost" if lost or unstarted else "crashed_systemic",
                                 block_failed=unstarted, duration_s=0.0, nodes=[],
-                                last_step=metrics[-1]["step"] if metrics else None, error=f"{what}: {str(e)[:2000]}")
+                                last_step=_last_step(run_dir), error=f"{what}: {str(e)[:2000]}")
 
 
 def _tokens_base(run: StageRun, resume: bool) -> int:
