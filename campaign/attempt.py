@@ -242,5 +242,5 @@ def trainer_config(spec: CampaignSpec, targets: Targets, *, stage_dir: Path, att
                       checkpoint_final=targets.checkpoint_final, resume=targets.resume, attempt=attempt,
                       # A rescue helps a stage that resumes; a bit-exact comparison wants its own checkpoints.
                       rescue=targets.resume and not targets.exact and contract.rescue(train, spec.site.launcher),
-                      rescue_linger_s=20.0 if spec.site.launcher == "local" else 0.0),
+                      rescue_linger_s=contract.rescue_linger_s(spec.site.launcher)),
     )

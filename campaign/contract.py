@@ -99,8 +99,22 @@ SIGNALS AND ESCAPE SEQUENCES: "Signals sent to the srun command are automaticall
 to the tasks it is controlling with a few exceptions"; tests/hpc/test_slurm_faults.py); MPICH's
 Hydra mpiexec (tests/hpc/test_pbs_site.py). Not PALS: no ALCF page read here says its mpiexec
 passes SIGUSR1 on, and it ends every rank when one exits (no survivor after a crash);
-`rescue: true` there is the user's call. Behind any launcher a rank does not linger after a
-lost peer (`rescue_linger_s` 0), so what is rescued there is a hang, not a crash."""
+`rescue: true` there is the user's call. Hydra ends every rank when one exits too, so what
+is rescued behind mpiexec is a hang, not a crash."""
+
+LINGER_LAUNCHERS = ("local", "srun")
+"""Launchers that leave a failed rank's peers running until the supervisor stops the launch,
+so that a rank whose collective failed lingers (`rescue_linger_s`) for a rescue request: the
+local launcher, and srun as executors/launchers.py runs it (`--kill-on-bad-exit=0`; srun(1),
+Slurm 22.05.8: "Controls whether or not to terminate a step if any task exits with a non-zero
+exit code. [...] An option argument of zero will not terminate the job."). srun logs the failed
+task at once ("srun: error: n2: task 1: Exited with exit code 1"), which the supervisor reads
+(tests/hpc/test_slurm_faults.py). Elsewhere a rank does not linger (0 s)."""
+
+
+def rescue_linger_s(launcher: str) -> float:
+    """How long a rank whose peer failed waits for a rescue request behind `launcher`."""
+    return 20.0 if launcher in LINGER_LAUNCHERS else 0.0
 
 
 def rescue(trainer: TrainConfig, launcher: str) -> bool:

@@ -11,7 +11,8 @@ the trainer with the site's launcher, and watches it:
   does the same, class `timed_out` (its reason says the timeout, the step and how long since
   the last progress: not a stall);
 - when one rank fails, the others get `FAILED_RANK_GRACE_S` to notice before the launch is
-  stopped; the first failure is the evidence;
+  stopped; the first failure is the evidence (behind srun, the failed task its log names as
+  soon as srun writes it: srun keeps the peers up, `--kill-on-bad-exit=0`);
 - a `STOP` file in the run directory (written by `campaign cancel`, or by a driver
   that recovers from a crash) stops the launch (class `cancelled`);
 - before it stops a launch after a crash or a stall, a trainer that can (its `start` event
@@ -76,6 +77,15 @@ class _Launch:
     procs: list[tuple[int, str, subprocess.Popen[bytes]]]  # (rank or -1 for a launcher, node, process)
     exits: dict[int, tuple[int, float]] = field(default_factory=dict)  # index -> (code, time)
     stopped_at: float | None = None  # when the supervisor first signalled the launch: later exits are not evidence
+    log: Path | None = None
+    """The launcher's output (one launcher process), read as it grows for a rank's failure."""
+    _log_offset: int = 0
+    _logged: Failure | None = None
+
+    @property
+    def one_launcher(self) -> bool:
+        """One launcher process (mpiexec, srun) rather than one process per rank."""
+        return bool(self.procs) and self.procs[0][0] == -1
 
     def poll(self, now: float) -> None:
         for i, (_, _, p) in enumerate(self.procs):
@@ -93,6 +103,27 @@ class _Launch:
         t, i, code = min(failed)
         rank, node, _ = self.procs[i]
         return Failure(rank, _norm(code), node, t)
+
+    def logged_failure(self, now: float) -> Failure | None:
+        """A rank's failure that the launcher logged while it still runs (srun, run with
+        `--kill-on-bad-exit=0`, keeps the failed task's peers up for a rescue and writes
+        "srun: error: n2: task 1: Exited with exit code 1" at once); the new whole lines of
+        its log are read on each call."""
+        if self._logged is not None or self.log is None or not self.one_launcher:
+            return self._logged
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(self._log_offset)
+                chunk = f.read()
+        except OSError:
+            return None
+        whole = chunk[:chunk.rfind(b"\n") + 1]
+        self._log_offset += len(whole)
+        found = _launcher_failures(whole.decode(errors="replace"))
+        if found:
+            _, rank, code, node = min(found)
+            self._logged = Failure(rank, code, node, now)
+        return self._logged
 
     def signal(self, sig: int) -> None:
         self.stopped_at = self.stopped_at or time.time()
@@ -151,7 +182,7 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
         adapter.poll(time.time())
         if request.checkpoint_layout is not None:
             _note_checkpoints(request, adapter, [], start)
-    failure = launch.first_failure()
+    failure = launch.first_failure() or launch.logged_failure(time.time())
     if failure is not None and failure.rank == -1:  # one launcher process: its log names the rank
         failure = launcher_failure(rundir.launcher_log(run_dir), failure)
     metrics, _ = report.read_metrics(run_dir)
@@ -271,7 +302,9 @@ def _start(request: AttemptRequest, active: list[str]) -> tuple[_Launch, list[st
     report.write_json_atomic(run_dir / PIDS_FILE, {"host": socket.gethostname(), "pgids": [p.pid for _, _, p in procs],
                                                    "launcher": request.launcher, "block_job_id": block_job,
                                                    "attempt": request.attempt})
-    return _Launch(procs), command, launchers.render(request.launcher, plan)
+    # srun alone keeps a failed task's peers running (contract.LINGER_LAUNCHERS): its log is read as it grows.
+    log = rundir.launcher_log(run_dir) if request.launcher == "srun" else None
+    return _Launch(procs, log=log), command, launchers.render(request.launcher, plan)
 
 
 @dataclass
@@ -423,14 +456,17 @@ def _watch(launch: _Launch, request: AttemptRequest, active: list[str], start: f
             launch.stop(time.time)
             return _WatchOutcome(killed_by="interrupt", stall=f"no complete checkpoint of step "
                                  f"{interrupt.checkpoint_step} or later by step {watch.last_step}")
-        failure = launch.first_failure()
+        logged = launch.logged_failure(now)
+        failure = launch.first_failure() or logged
         if failure is not None and watch.rescue and rescued is None and failure.exit_code not in NOT_FAULTS:
             # A rank died: the survivors linger (their collective failed) for the rescue request.
             rank, _, node, _ = launcher_failure(rundir.launcher_log(run_dir), failure) if failure.rank == -1 \
                 else failure
             rescued = _rescue(launch, request, active, watch, report.read_heartbeats(run_dir), avoid_nodes={node},
                               avoid_ranks={rank})
-        if failure is not None and now - failure.seen > FAILED_RANK_GRACE_S:
+        # The launcher's log line is the evidence: nothing more to wait for once the rescue (if
+        # any) is over. Ranks of their own get a grace to report their own failure.
+        if failure is not None and (failure is logged or now - failure.seen > FAILED_RANK_GRACE_S):
             launch.stop(time.time)
             return _WatchOutcome(killed_by=None, rescue=rescued)  # the failed rank's exit is the evidence
         decision = watchdog.decide(watch, policy, now)
@@ -634,9 +670,17 @@ _SIGNALS = {"Killed": 137, "Segmentation fault": 139, "Aborted": 134}
 def launcher_failure(log: Path, failure: Failure) -> Failure:
     """The first failed rank as the launcher reported it (`failure` when its log names none)."""
     try:
-        text = log.read_text(errors="replace")
+        found = _launcher_failures(log.read_text(errors="replace"))
     except OSError:
         return failure
+    if not found:
+        return failure
+    _, rank, code, node = min(found)
+    return Failure(rank, code, node, failure.seen)
+
+
+def _launcher_failures(text: str) -> list[tuple[int, int, int, str]]:
+    """(position, rank, exit code, node) of each rank failure a launcher's output reports."""
     found = []
     for pattern in _LAUNCHER_FAILURES:
         for m in pattern.finditer(text):
@@ -646,10 +690,7 @@ def launcher_failure(log: Path, failure: Failure) -> Failure:
             if code in (0, 128, exits.SIGTERM):  # ranks terminated because another failed first
                 continue
             found.append((m.start(), int(d.get("rank", -1)), code, d.get("node") or d.get("node2") or ""))
-    if not found:
-        return failure
-    _, rank, code, node = min(found)
-    return Failure(rank, code, node, failure.seen)
+    return found
 
 
 def _rank_exits(launch: _Launch, run_dir: Path, failure: Failure,
@@ -662,7 +703,7 @@ def _rank_exits(launch: _Launch, run_dir: Path, failure: Failure,
     stopped = launch.stopped_at
     rescuer = (rescue_asked or {}).get("rank")
     asked_at = float((rescue_asked or {}).get("asked_at") or math.inf)
-    if launch.procs and launch.procs[0][0] == -1:  # one launcher process (mpiexec, srun)
+    if launch.one_launcher:  # mpiexec, srun
         log = rundir.launcher_log(run_dir)
         rank, code, node, seen = failure
         lines = evidence.split_by_rank(evidence.read_tail(log, lines=500))

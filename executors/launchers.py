@@ -218,7 +218,11 @@ def _srun(plan: LaunchPlan) -> list[str]:
         cmd.append(f"--cpu-bind={plan.cpu_bind}")
     if plan.gpu_bind is not None:
         cmd.append(f"--gpu-bind={plan.gpu_bind}")
-    cmd += ["--kill-on-bad-exit=1", ",".join(["--export=ALL", *(f"{k}={v}" for k, v in env)])]
+    # The supervisor, not srun, ends the launch after a rank fails: srun logs the failed task at
+    # once ("srun: error: n2: task 1: Exited with exit code 1"), its peers stay up for a rescue
+    # checkpoint (campaign.train.rescue), then the supervisor stops the step. Explicit, as a
+    # site's slurm.conf may set KillOnBadExit=1.
+    cmd += ["--kill-on-bad-exit=0", ",".join(["--export=ALL", *(f"{k}={v}" for k, v in env)])]
     return [*cmd, *plan.wrapper, *plan.argv]
 
 

@@ -283,8 +283,8 @@ class RunConfig(_Strict):
     saves the last finished step (campaign.train.rescue; DDP, on the CPU or CUDA)."""
     rescue_linger_s: float = Field(default=20.0, ge=0)
     """How long a rank whose collective failed (a peer died) waits for the rescue request
-    before it fails; 0 behind a launcher, whose supervisor sees a crash only once every rank
-    has exited."""
+    before it fails; 0 behind a launcher that ends every rank when one fails (PALS, Hydra):
+    contract.rescue_linger_s."""
 
 
 class TrainerConfig(_Strict):

@@ -11,8 +11,9 @@ et al., EuroSys 2024). The flow:
 2. On a crash or a stall the supervisor writes `rescue-request.json` into the run directory,
    naming one rank on a healthy node, and sends SIGUSR1 to the launch.
 3. A rank whose collective failed (its peer crashed) does not exit at once: it lingers up to
-   `run.rescue_linger_s` (20 s; 0 behind a launcher) for that signal. A rank blocked in a collective
-   (its peer hangs) never returns to Python, so the signal's reader thread does the work.
+   `run.rescue_linger_s` (20 s with the local launcher and srun, else 0:
+   contract.LINGER_LAUNCHERS) for that signal. A rank blocked in a collective (its peer
+   hangs) never returns to Python, so the signal's reader thread does the work.
 4. The named rank saves, without any collective, a DCP checkpoint of the step its state
    holds (`step-NNNNNNNN/`, the same layout as a periodic one, one `rank-RRRRR.pt` per rank,
    `meta.json` with `"rescue": {"rank": R}`, `.complete` last, as `checkpoint.mark_complete`

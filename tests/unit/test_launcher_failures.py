@@ -44,3 +44,31 @@ def test_no_evidence_keeps_the_launcher_exit(tmp_path: Path) -> None:
     log.write_text("training...\n")
     assert launcher_failure(log, Failure(-1, 143, "", 5.0)) == (-1, 143, "", 5.0)
     assert launcher_failure(tmp_path / "missing.log", Failure(-1, 2, "", 1.0)) == (-1, 2, "", 1.0)
+
+
+def test_a_failure_srun_logs_is_seen_while_srun_still_runs(tmp_path: Path) -> None:
+    """srun with --kill-on-bad-exit=0 keeps the failed task's peers up (for a rescue) and logs
+    the failure at once: the supervisor reads it from the growing log, a whole line at a time,
+    before the launcher process exits (here a sleeping process stands in for srun)."""
+    import subprocess
+
+    from campaign.supervisor import _Launch
+
+    log = tmp_path / "launcher.log"
+    log.write_text("[rank0]: step 24\nsrun: error: n1: task 0: Terminated\n")  # a SIGTERM is no failure
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        launch = _Launch([(-1, "", proc)], log=log)
+        assert launch.logged_failure(1.0) is None
+        with open(log, "a") as f:
+            f.write("srun: error: n2: task 1: Exited with exit co")  # srun is writing the line
+        assert launch.logged_failure(2.0) is None
+        with open(log, "a") as f:
+            f.write("de 3\n[rank0]: peer lost, waiting for a rescue request\n")
+        assert launch.logged_failure(3.0) == Failure(1, 3, "n2", 3.0)
+        assert launch.logged_failure(4.0) == Failure(1, 3, "n2", 3.0), "the first failure stays the first"
+        launch.poll(4.0)
+        assert not launch.done and launch.first_failure() is None
+    finally:
+        proc.kill()
+        proc.wait()
