@@ -172,6 +172,7 @@ class AttemptRequest(StrictModel):
             # Only srun takes an exclusion list (the scheduler enforces it); other launchers get explicit hosts.
             exclude=tuple(sorted(set(self.exclude) - set(hosts))) if self.launcher == "srun" else (),
             cpu_bind=self.cpu_bind, gpu_bind=self.gpu_bind, depth=self.depth, wrapper=tuple(self.wrapper),
+            taskfile=str(Path(self.run_dir) / rundir.SRUN_TASKS) if self.launcher == "srun" else None,
         )
 
     def for_drill(self, drill_dir: Path, master_port: int | None) -> AttemptRequest:

@@ -8,6 +8,8 @@
         attempt-NNN/                    attempt_dir(): one attempt's run directory, CAMPAIGN_RUN_DIR
           trainer.json                  TRAINER_CONFIG: what this attempt must do (the driver writes it)
           hostfile                      HOSTFILE: the active nodes, one a line (the supervisor writes it)
+          srun-tasks                    SRUN_TASKS: each rank's node, one a line in rank order (srun's
+                                        SLURM_HOSTFILE; the supervisor writes it)
           pids.json                     PIDS_FILE: host and process groups of the launch (the supervisor),
                                         so a recovering driver can kill orphans
           STOP                          STOP_FILE: asks the supervisor to stop the launch (cancel, recovery)
@@ -36,6 +38,8 @@ TRAINER_CONFIG = "trainer.json"
 """The attempt's trainer config (`campaign.train.config.TrainerConfig`), written by the driver."""
 HOSTFILE = "hostfile"
 """The attempt's active nodes, one a line, in rank order."""
+SRUN_TASKS = "srun-tasks"
+"""srun only: each rank's node, one a line in rank order (SLURM_HOSTFILE, arbitrary distribution)."""
 STOP_FILE = "STOP"
 """Written into the run directory to ask the supervisor to stop the launch (cancel)."""
 PIDS_FILE = "pids.json"

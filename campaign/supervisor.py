@@ -283,6 +283,8 @@ def _start(request: AttemptRequest, active: list[str]) -> tuple[_Launch, list[st
 
     run_dir = Path(request.run_dir)
     plan = request.launch_plan(active)
+    if plan.taskfile is not None:  # srun's SLURM_HOSTFILE: rank r on active[r // ranks_per_node]
+        Path(plan.taskfile).write_text("".join(f"{h}\n" for h in plan.rank_hosts))
     base_env = {**os.environ, **warm.launch_environment(), **dict(plan.env)}
     if request.launcher == "local":
         procs = []

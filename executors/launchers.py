@@ -63,7 +63,9 @@ class LaunchPlan:
     mapping is accepted too). ``hostfile`` is a file listing ``hosts``, one per line,
     written by the caller (only PALS reads it; the other launchers take ``hosts``).
     ``exclude`` names nodes Slurm must avoid; ``wrapper`` is an argv prefix placed
-    before ``argv`` on every rank (e.g. Polaris' ``GPU_WRAPPER``).
+    before ``argv`` on every rank (e.g. Polaris' ``GPU_WRAPPER``). ``taskfile`` (srun) is a
+    file listing ``rank_hosts``, one per line, written by the caller: srun then places rank
+    ``r`` on ``host_of(r)`` (without it srun sorts the node list).
     """
 
     hosts: tuple[str, ...]
@@ -77,6 +79,7 @@ class LaunchPlan:
     master_port: int | None = None
     exclude: tuple[str, ...] = ()
     wrapper: tuple[str, ...] = ()
+    taskfile: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("hosts", "argv", "exclude", "wrapper"):
@@ -100,6 +103,11 @@ class LaunchPlan:
     def nnodes(self) -> int:
         """Number of active nodes."""
         return len(self.hosts)
+
+    @property
+    def rank_hosts(self) -> tuple[str, ...]:
+        """The host of each rank, in rank order (a taskfile's lines)."""
+        return tuple(host for host in self.hosts for _ in range(self.ranks_per_node))
 
     def host_of(self, rank: int) -> str:
         """The host that rank ``rank`` runs on."""
@@ -209,7 +217,15 @@ def _srun(plan: LaunchPlan) -> list[str]:
     if with_comma:
         raise ValueError(f"srun --export cannot carry values with commas: {with_comma}")
     cmd = ["srun", f"--nodes={plan.nnodes}", f"--ntasks={plan.world_size}"]
-    cmd += [f"--ntasks-per-node={plan.ranks_per_node}", f"--nodelist={','.join(plan.hosts)}"]
+    if plan.taskfile is None:
+        cmd += [f"--ntasks-per-node={plan.ranks_per_node}", f"--nodelist={','.join(plan.hosts)}"]
+    else:
+        # srun sorts --nodelist (srun(1): "the node names will be sorted by Slurm"), so rank 0
+        # would not run on hosts[0] (MASTER_ADDR) after a rotation. The arbitrary distribution
+        # lays the tasks out "in the order of the file" that SLURM_HOSTFILE names (srun(1)),
+        # which is then the node list too: with --nodelist beside it and more than one task a
+        # node, Slurm 22.05 fails to create the step ("Unable to create step").
+        cmd = ["env", f"SLURM_HOSTFILE={plan.taskfile}", *cmd, "--distribution=arbitrary"]
     if plan.exclude:
         cmd.append(f"--exclude={','.join(plan.exclude)}")
     if plan.depth is not None:
@@ -239,7 +255,7 @@ def _torchrun_target(argv: tuple[str, ...]) -> list[str]:
 
 def _torchrun(plan: LaunchPlan, node_rank: int | None) -> list[str]:
     """torchrun for one node; a multi-node plan needs one launch per node (node_rank)."""
-    _require_absent("torchrun", plan, ("hostfile", "cpu_bind", "depth", "gpu_bind", "wrapper"))
+    _require_absent("torchrun", plan, ("hostfile", "cpu_bind", "depth", "gpu_bind", "wrapper", "taskfile"))
     prefix = ["env", *(f"{k}={v}" for k, v in plan.env)] if plan.env else []
     cmd = [*prefix, "torchrun", "--nnodes", str(plan.nnodes)]
     cmd += ["--nproc_per_node", str(plan.ranks_per_node)]
@@ -291,7 +307,7 @@ def local_rank_processes(plan: LaunchPlan) -> list[tuple[list[str], dict[str, st
     (``plan.master_port`` or :data:`DEFAULT_MASTER_PORT`) and CAMPAIGN_NODE (the rank's
     host).
     """
-    _require_absent("local", plan, ("cpu_bind", "depth", "gpu_bind", "exclude"))
+    _require_absent("local", plan, ("cpu_bind", "depth", "gpu_bind", "exclude", "taskfile"))
     port = plan.master_port if plan.master_port is not None else DEFAULT_MASTER_PORT
     return [
         ([*plan.wrapper, *plan.argv], _local_env(plan, rank, port))

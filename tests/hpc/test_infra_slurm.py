@@ -113,3 +113,18 @@ def test_scontrol_drain_and_resume(slurm_cluster):
 
 def test_slurm_conf_is_exported(slurm_cluster):
     assert os.environ["SLURM_CONF"] == slurm_cluster.conf
+
+
+def test_srun_keeps_the_rank_order_of_a_rotated_launch(slurm_cluster, tmp_path):
+    """srun(1): "the node names will be sorted by Slurm" (--nodelist), while the arbitrary
+    distribution lays tasks out "in the order of the file" SLURM_HOSTFILE names. A confirming
+    retry rotates the active nodes to [n3, n1]: rank 0 (and MASTER_ADDR, hosts[0]) must be n3."""
+    from campaign.executors import launchers
+
+    plan = launchers.LaunchPlan(hosts=("n3", "n1"), ranks_per_node=2, taskfile=str(tmp_path / "srun-tasks"),
+                                argv=("sh", "-c", 'echo "$SLURM_PROCID $SLURMD_NODENAME $MASTER_ADDR"'),
+                                master_port=29500)
+    (tmp_path / "srun-tasks").write_text("".join(f"{h}\n" for h in plan.rank_hosts))
+    out = slurm_cluster.run(*launchers.build_command("srun", plan)).stdout
+    placed = {int(rank): (node, master) for rank, node, master in (line.split() for line in out.splitlines())}
+    assert placed == {0: ("n3", "n3"), 1: ("n3", "n3"), 2: ("n1", "n3"), 3: ("n1", "n3")}, out

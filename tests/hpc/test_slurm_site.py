@@ -48,7 +48,9 @@ def test_campaign_runs_smoke_loss_check_and_scaling_through_srun(slurm_cluster, 
     for number, nodes in ((1, ["n1"]), (2, ["n1", "n2"]), (3, ["n1", "n2", "n3", "n4"])):
         run_dir = camp / "scaling" / f"attempt-{number:03d}"
         rep = json.loads((run_dir / "supervisor.json").read_text())
-        assert rep["launch_command"][0] == "srun" and f"--nodelist={','.join(nodes)}" in rep["launch_command"]
+        # srun lays the ranks out in the order of the attempt's task file (SLURM_HOSTFILE)
+        assert rep["launch_command"][:3] == ["env", f"SLURM_HOSTFILE={run_dir / 'srun-tasks'}", "srun"], rep
+        assert (run_dir / "srun-tasks").read_text().split() == nodes
         assert _rank_nodes(run_dir) == nodes
     # the block was one sbatch job of 4 nodes, submitted by Parsl's SlurmProvider
     scripts = list((camp / "parsl").glob("*/submit_scripts/parsl.campaign.block-0.*[0-9]"))

@@ -105,6 +105,18 @@ CASES: dict[str, tuple[str, Any, dict[str, Any]]] = {
         ),
         {},
     ),
+    "srun_rotated_2x2": (  # a confirming retry's rotation: rank 0 on n3, kept by the arbitrary distribution
+        "srun",
+        L.LaunchPlan(
+            hosts=("n3", "n1"),
+            ranks_per_node=2,
+            argv=TRAIN,
+            env=(("OMP_NUM_THREADS", "1"),),
+            master_port=29500,
+            taskfile="/runs/r1/srun-tasks",
+        ),
+        {},
+    ),
     "mpich_fork_2x2": (
         "mpich",
         L.LaunchPlan(
