@@ -126,6 +126,7 @@ def test_block_cancelled_and_node_drained_under_a_running_long_run(slurm_cluster
     assert replaced and f"job {block[0]} " in replaced[0]["message"], status["events"]
     lost = next(a for a in detail if a.get("state") == "block_lost")
     assert lost["duration_s"] < 60, lost
+    assert lost["node_count"] == 2 and "n2" in lost["nodes"], "the lost attempt says where it ran (its hostfile)"
 
 
 def test_spares_spent_asks_the_provider_for_a_new_block(slurm_cluster, tmp_path):
