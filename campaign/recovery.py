@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from campaign import report
-from campaign.rundir import DRIVER_FILE, HOSTFILE, PIDS_FILE, STOP_FILE, TRAINER_CONFIG
+from campaign.rundir import DRIVER_FILE, PIDS_FILE, STOP_FILE, TRAINER_CONFIG, launched_nodes
 from campaign.lease import process_alive
 from campaign.ledger import reads, writes
 from campaign.ledger.models import Attempt, Campaign
@@ -163,11 +163,7 @@ def stop_orphan(run_dir: Path, site: Site) -> str:
 def _remove_node_local(run_dir: Path, attempt: str) -> None:
     """What the killed ranks left on this host's node-local storage (/dev/shm/campaign-*):
     a clean exit or the supervisor removes it, a killed supervisor cannot."""
-    try:
-        nodes = (run_dir / HOSTFILE).read_text().split()
-    except OSError:
-        return
-    for node in nodes:
+    for node in launched_nodes(run_dir):
         report.remove_node_local(run_dir, node, attempt)
 
 

@@ -83,3 +83,11 @@ def rank_log(run_dir: Path, rank: int) -> Path:
 def launcher_log(run_dir: Path) -> Path:
     """The launcher's output (mpiexec, srun, torchrun: every rank's, interleaved)."""
     return run_dir / LOGS_DIR / LAUNCHER_LOG
+
+
+def launched_nodes(run_dir: Path) -> list[str]:
+    """The active nodes the supervisor launched an attempt on (its HOSTFILE), [] before it wrote one."""
+    try:
+        return (run_dir / HOSTFILE).read_text().split()
+    except OSError:
+        return []

@@ -423,15 +423,7 @@ def _block_gone(why: str, run_dir: Path, *, block_failed: bool) -> AttemptReport
     """The report of an attempt whose block went away under it (its interchange exited, or
     its scheduler job ended), written by the driver."""
     return AttemptReport(exit_code=143, exit_class="block_lost", block_failed=block_failed, duration_s=0.0,
-                         nodes=_launched_on(run_dir), last_step=_last_step(run_dir), error=why)
-
-
-def _launched_on(run_dir: Path) -> list[str]:
-    """The active nodes the supervisor launched on (its hostfile), [] if it wrote none."""
-    try:
-        return [line.strip() for line in (run_dir / rundir.HOSTFILE).read_text().splitlines() if line.strip()]
-    except OSError:
-        return []
+                         nodes=rundir.launched_nodes(run_dir), last_step=_last_step(run_dir), error=why)
 
 
 def _app_failure(e: Exception, run_dir: Path) -> AttemptReport:

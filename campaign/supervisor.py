@@ -109,7 +109,7 @@ class _Launch:
         `--kill-on-bad-exit=0`, keeps the failed task's peers up for a rescue and writes
         "srun: error: n2: task 1: Exited with exit code 1" at once); the new whole lines of
         its log are read on each call."""
-        if self._logged is not None or self.log is None or not self.one_launcher:
+        if self._logged is not None or self.log is None:  # set for srun only (`_start`)
             return self._logged
         try:
             with open(self.log, "rb") as f:

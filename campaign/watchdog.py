@@ -55,7 +55,8 @@ class WatchdogPolicy(StrictModel):
     """The floor when the heartbeats already show a stall pattern (a rank still computing
     step S, for step_factor x the slowest rank's compute time per step, while its peers wait
     in that step's collective; or every rank waiting in one collective for longer than the
-    p99 step, for step_factor x the median step time): the wider floor waits for evidence that is then already there. By default one
+    p99 step, for step_factor x the median step time): the wider floor waits for evidence
+    that is then already there. By default one
     heartbeat interval (1 s: the evidence may be that old) and two of the supervisor's polls
     (0.25 s each), so that with the poll's own delay a hang is called within 3 step times +
     2 s (issue 28). Set it to floor_s to wait the full budget regardless."""
