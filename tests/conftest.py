@@ -74,8 +74,7 @@ class _PgDatabases:
         self.names: list[str] = []
 
     def _execute(self, sql: str, params: Any = None) -> None:
-        """Run admin SQL; reconnect once if the server restarted under the connection (the
-        ledger outage test restarts PostgreSQL for real)."""
+        """Run admin SQL; reconnect once if the server restarted under the connection."""
         import psycopg
 
         try:

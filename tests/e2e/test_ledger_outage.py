@@ -1,16 +1,18 @@
 """Ledger outages under a running campaign (issue 13, item 3): the driver outlives them and
-no row the trainer reported is lost. Both are real: PostgreSQL is stopped and started with
-its own cluster tool, and another connection holds SQLite's write lock."""
+no row the trainer reported is lost. Both are real: a PostgreSQL server of the test's own
+is stopped and started with its cluster tool, and another connection holds SQLite's write
+lock."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,17 +83,36 @@ def test_a_held_sqlite_write_lock_of_15_s_loses_nothing(ws: Workspace) -> None:
     assert stored == reported >= STEPS, "every step the trainer reported is in the ledger"
 
 
-def test_a_postgres_restart_loses_nothing(ws: Workspace, new_pg_url: Callable[[], str]) -> None:
-    ctl = shutil.which("pg_ctlcluster")
-    assert ctl, "PostgreSQL's pg_ctlcluster is needed to restart the server (Debian postgresql-common)"
+@pytest.fixture
+def own_postgres() -> Iterator[tuple[str, Callable[[], None]]]:
+    """A PostgreSQL server of this test's own (Debian's pg_createcluster, trust auth, a free
+    port): `(url, restart)`. Restarting the machine's shared server would break every other
+    test (and person) using it at the time; this one is dropped at the end."""
+    tools = [shutil.which(t) for t in ("pg_createcluster", "pg_ctlcluster", "pg_dropcluster")]
+    assert all(tools), "Debian's postgresql-common (pg_createcluster, pg_ctlcluster) is needed to restart a server"
+    create, ctl, drop = (str(t) for t in tools)
     version = sorted(os.listdir("/etc/postgresql"))[-1]
-    url = new_pg_url()
+    name = f"outage{os.getpid()}"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    made = subprocess.run([create, version, name, "-p", str(port), "--start", "--", "--auth=trust"],
+                          capture_output=True, text=True)
+    assert made.returncode == 0, f"pg_createcluster failed (it needs root):\n{made.stdout}{made.stderr}"
 
     def restart() -> None:
-        subprocess.run([ctl, "--skip-systemctl-redirect", version, "main", "stop", "-m", "fast"], check=True)
+        subprocess.run([ctl, "--skip-systemctl-redirect", version, name, "stop", "-m", "fast"], check=True)
         time.sleep(3)  # the driver writes into a refused connection meanwhile
-        subprocess.run([ctl, "--skip-systemctl-redirect", version, "main", "start"], check=True)
+        subprocess.run([ctl, "--skip-systemctl-redirect", version, name, "start"], check=True)
 
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres", restart
+    finally:
+        subprocess.run([drop, "--stop", version, name], capture_output=True)
+
+
+def test_a_postgres_restart_loses_nothing(ws: Workspace, own_postgres: tuple[str, Callable[[], None]]) -> None:
+    url, restart = own_postgres
     code, out = run_through(ws, "pgrestart", restart, CAMPAIGN_DB_URL=url)
     assert code == 0, out
     stored, reported = rows_in_ledger(url, "pgrestart")
