@@ -28,7 +28,7 @@ def pid_gone(pid: int, timeout: float = 20.0) -> bool:
             with open(f"/proc/{pid}/status") as f:
                 if any(line.startswith("State:") and line.split()[1] in ("Z", "X") for line in f):
                     return True
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # gone before the open, or during the read (ESRCH)
             return True
         time.sleep(0.2)
     return False
