@@ -10,6 +10,9 @@ VENV  ?= .venv
 PY    := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
+# Two pytest-xdist workers: the suite leaves about half of 2 cores idle (waits on watchdogs,
+# schedulers and start-up); tests of one shared stand-in stay on one worker (tests/hpc/conftest.py).
+PYTEST_WORKERS ?= 2
 
 .PHONY: demo test test-fast wheel-check bench-smoke setup system-deps clean
 
@@ -18,10 +21,10 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/campaign status local-demo
 
 test: $(VENV)/.installed system-deps
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
 # Build the wheel, install it without extras into a fresh venv (TORCH first), run
 # examples/local.yaml from a temp dir outside the tree and plot it (.ci/wheel-check; ~3 min).

@@ -18,6 +18,15 @@
   process that holds campaign ``name``'s driver lease (creating the campaign first if asked)
   and, on SIGTERM, records it ``cancelled``, drops the lease and exits 0, as a driver does.
   Killed at the end of the test if still alive.
+
+Parallel runs (`make test` runs pytest-xdist, `-n 2 --dist loadgroup`): the tests of one
+shared stand-in of this machine run on one worker, one at a time (``SHARED_STAND_INS``).
+The Slurm cluster's 4 nodes serve one test's jobs at a time, and its start apt-gets
+packages; two PBS emulators hand out the same job ids (1000, 1001, ...), so the same
+PBS_JOBID, and an emulator signals every process tagged with its job's id. The groups go
+by file, through xdist's scheduler hook, because pytest 9.2 ignores the nodeid suffix that
+xdist 3.8's `xdist_group` mark relies on; a collection check fails any test that uses a
+stand-in's fixture from a file outside its group.
 """
 
 from __future__ import annotations
@@ -38,6 +47,43 @@ PG_START = "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main s
 _CAMPAIGN_ENV = ("CAMPAIGN_DB_URL", "CAMPAIGN_WORKDIR")
 
 CliResult = tuple[int, str, str]
+
+# group -> (the fixture of the stand-in, the test files that use it: all run on one xdist worker)
+SHARED_STAND_INS = {
+    "slurm": ("slurm_cluster", ("tests/hpc/test_infra_slurm.py", "tests/hpc/test_slurm_site.py",
+                                "tests/hpc/test_slurm_faults.py")),
+    "pbs": ("pbs_emulator", ("tests/hpc/test_infra_pbs.py", "tests/hpc/test_pbs_site.py")),
+}
+
+
+def stand_in_group(nodeid: str) -> str | None:
+    path = nodeid.split("::", 1)[0]
+    return next((group for group, (_, files) in SHARED_STAND_INS.items() if path in files), None)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under `--dist loadgroup`: xdist's scheduler, with each shared stand-in's files as one
+    unit of work (scheduled first: units go largest first) and every other test its own."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class SharedStandIns(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return stand_in_group(nodeid) or super()._split_scope(nodeid)
+
+    return SharedStandIns(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses a shared stand-in must live in one of its group's files."""
+    for item in items:
+        for group, (fixture, files) in SHARED_STAND_INS.items():
+            if fixture in getattr(item, "fixturenames", ()) and stand_in_group(item.nodeid) != group:
+                raise pytest.UsageError(f"{item.nodeid} uses the {fixture} fixture: add its file to "
+                                        f"SHARED_STAND_INS[{group!r}] in tests/conftest.py ({', '.join(files)}), "
+                                        "so that parallel workers never share the stand-in")
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,9 @@
   (never skips). The cluster is stopped at the end unless it was already up before.
 * ``pbs_emulator`` (function): puts tests/infra/pbs (qsub/qstat/qdel, a STAND-IN for PBS
   Pro) first on PATH with a fresh state directory; qdel's any job still alive at the end.
+
+Under pytest-xdist every test of one stand-in runs on one worker (tests/conftest.py,
+SHARED_STAND_INS).
 """
 
 from __future__ import annotations
