@@ -4,6 +4,12 @@ Each rank gets RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE, a hostfile of 
 lines with CAMPAIGN_MASTER_PORT (a free port), CAMPAIGN_RUN_DIR, CAMPAIGN_NODE, a short
 heartbeat interval and a short SIGTERM grace. PYTHONPATH carries the repository root, so
 the tests work with or without `pip install -e`.
+
+Ranks start as the local site starts them by default: through the node's fork server
+(campaign.executors.warm, `trainer.warm_start: auto`), one server per pytest process (its
+scope), which drains when that process ends. A rank then costs a fork, not an interpreter
+start and torch's import (~2 s of CPU here). `warm=False` starts the interpreter, as srun
+and mpiexec do; the tests that depend on a process of the rank's own say so.
 """
 
 from __future__ import annotations
@@ -127,7 +133,7 @@ class Launcher:
 
     def __call__(self, cfg: dict, world: int = 2, name: str = "run",
                  nodes: list[str] | None = None, env: dict[str, str | None] | None = None,
-                 attempt: int = 1) -> Launch:
+                 attempt: int = 1, warm: bool = True) -> Launch:
         run_dir = self.base / name
         run_dir.mkdir()
         cfg_path = run_dir / "config.json"
@@ -149,11 +155,15 @@ class Launcher:
                      CAMPAIGN_SIGTERM_GRACE="3", CAMPAIGN_ALLOW_FAULTS="1",
                      OMP_NUM_THREADS="1",
                      PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+            if warm:
+                e.update(CAMPAIGN_WARM_SCOPE=f"pytest-{os.getpid()}",
+                         CAMPAIGN_WARM_PARENT=f"{socket.gethostname()}:{os.getpid()}")
             e.update(env or {})
             e = {k: v for k, v in e.items() if v is not None}
+            trainer = [sys.executable, "-m", "campaign.train", "--config", str(cfg_path)]
             with open(run_dir / f"rank-{rank}.log", "w") as log:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "campaign.train", "--config", str(cfg_path)],
+                    [sys.executable, "-m", "campaign.executors.warm", "--", *trainer] if warm else trainer,
                     cwd=self.base, env=e, stdout=log, stderr=subprocess.STDOUT))
         self.started.append(Launch(procs, run_dir, nodes, attempt))
         return self.started[-1]
