@@ -13,19 +13,14 @@ from e2e_helpers import REPO, Workspace, tiny_spec
 pytestmark = pytest.mark.slow
 
 
-def loss_stage(reference: dict[str, object]) -> dict[str, object]:
-    return {"name": "loss", "kind": "loss_check", "steps": 20, "window": 5, "tolerance": 0.10, "reference": reference}
+def loss_stage(reference: dict[str, object], name: str = "loss") -> dict[str, object]:
+    return {"name": name, "kind": "loss_check", "steps": 20, "window": 5, "tolerance": 0.10, "reference": reference}
 
 
 def test_loss_check_against_recorded_reference_and_shifted_csv(ws: Workspace) -> None:
     a = ws.write_spec(tiny_spec("ref", [loss_stage({"record": True})], nodes=2), "ref.yaml")
     assert ws.cli("submit", str(a)).code == 0
     assert not list((ws.workdir / "ref" / "loss").glob("checkpoints-*/step-*")), "nothing resumes a loss check"
-    b = ws.write_spec(tiny_spec("same", [loss_stage({"stage_run": "ref/loss"})], nodes=2), "same.yaml")
-    r = ws.cli("submit", str(b))
-    assert r.code == 0, r.out + r.err
-    same = ws.status("same")["stages"][0]
-    assert same["state"] == "passed" and "difference +0.0000" in same["verdict"]
 
     ledger = ws.ledger()
     from campaign.ledger import reads
@@ -36,11 +31,15 @@ def test_loss_check_against_recorded_reference_and_shifted_csv(ws: Workspace) ->
         curve = [(m.step, m.loss + 0.2) for m in rows]
     ledger.close()
     (ws.root / "shifted.csv").write_text("step,loss\n" + "".join(f"{st},{lo!r}\n" for st, lo in curve))
-    c = ws.write_spec(tiny_spec("shifted", [loss_stage({"file": "shifted.csv"})], nodes=2), "shifted.yaml")
-    r = ws.cli("submit", str(c))
-    assert r.code == 1
-    verdict = ws.status("shifted")["stages"][0]["verdict"]
-    assert "difference -0.2000, outside ±0.1" in verdict, verdict
+    # One campaign, two checks: against the recorded stage run (passes), then against the file (fails).
+    stages = [loss_stage({"stage_run": "ref/loss"}, "same"), loss_stage({"file": "shifted.csv"}, "shifted")]
+    b = ws.write_spec(tiny_spec("check", stages, nodes=2), "check.yaml")
+    r = ws.cli("submit", str(b))
+    assert r.code == 1, r.out + r.err
+    same, shifted = ws.status("check")["stages"]
+    assert same["state"] == "passed" and "difference +0.0000" in same["verdict"], same
+    assert shifted["state"] == "failed", shifted
+    assert "difference -0.2000, outside ±0.1" in shifted["verdict"], shifted["verdict"]
 
 
 def test_scaling_records_one_row_per_node_count(ws: Workspace) -> None:
