@@ -10,9 +10,11 @@ VENV  ?= .venv
 PY    := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
-# Two pytest-xdist workers: the suite leaves about half of 2 cores idle (waits on watchdogs,
-# schedulers and start-up); tests of one shared stand-in stay on one worker (tests/hpc/conftest.py).
+# Two pytest-xdist workers: on one process the suite leaves about half of 2 cores idle (waits
+# on watchdogs, schedulers and start-up). Tests of one shared stand-in (Slurm cluster, PBS
+# emulator) stay on one worker: SHARED_STAND_INS in tests/conftest.py. 0: one process.
 PYTEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 .PHONY: demo test test-fast wheel-check bench-smoke setup system-deps clean
 
@@ -21,10 +23,10 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/campaign status local-demo
 
 test: $(VENV)/.installed system-deps
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PYTEST) $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
+	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
 
 # Build the wheel, install it without extras into a fresh venv (TORCH first), run
 # examples/local.yaml from a temp dir outside the tree and plot it (.ci/wheel-check; ~3 min).

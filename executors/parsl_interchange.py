@@ -10,7 +10,8 @@ Three things Parsl does not do by itself:
   with the worker); the next `campaign resume` adopts what it wrote;
 - its log lives in the campaign's folder and its stderr is the driver's terminal: on a full
   disk every log line would print logging's "--- Logging error ---" traceback there, in the
-  middle of the driver's one-line explanation. Lines that cannot be written are dropped.
+  middle of the driver's one-line explanation. Lines that cannot be written are dropped, as
+  the driver drops its own (block.Block._load); a child process does not inherit that.
 """
 
 from __future__ import annotations

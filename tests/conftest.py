@@ -79,8 +79,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that uses a shared stand-in must live in one of its group's files."""
     for item in items:
+        here = stand_in_group(item.nodeid)
         for group, (fixture, files) in SHARED_STAND_INS.items():
-            if fixture in getattr(item, "fixturenames", ()) and stand_in_group(item.nodeid) != group:
+            if here != group and fixture in getattr(item, "fixturenames", ()):
                 raise pytest.UsageError(f"{item.nodeid} uses the {fixture} fixture: add its file to "
                                         f"SHARED_STAND_INS[{group!r}] in tests/conftest.py ({', '.join(files)}), "
                                         "so that parallel workers never share the stand-in")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import time
@@ -18,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from campaign.supervisor import free_port
 from e2e_helpers import Workspace, tiny_spec
 
 pytestmark = pytest.mark.slow
@@ -93,9 +93,7 @@ def own_postgres() -> Iterator[tuple[str, Callable[[], None]]]:
     create, ctl, drop = (str(t) for t in tools)
     version = sorted(os.listdir("/etc/postgresql"))[-1]
     name = f"outage{os.getpid()}"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     made = subprocess.run([create, version, name, "-p", str(port), "--start", "--", "--auth=trust"],
                           capture_output=True, text=True)
     assert made.returncode == 0, f"pg_createcluster failed (it needs root):\n{made.stdout}{made.stderr}"

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -41,11 +40,11 @@ def _holder(ledger: Ledger, campaign_id: int) -> tuple[int, str]:
         return row.pid, row.token
 
 
-def _wait_for_exec(pid: int, marker: bytes) -> None:
-    """Until the child's command line is its own: between fork and exec it is still pytest's,
-    which names no campaign (a loaded machine shows that window)."""
+def _wait_until_a_driver(pid: int) -> None:
+    """Until the lease sees `pid` as a driver: between fork and exec its command line is still
+    pytest's, which names no campaign (a loaded machine shows that window)."""
     deadline = time.monotonic() + 30
-    while marker not in Path(f"/proc/{pid}/cmdline").read_bytes():
+    while not lease_mod.driver_alive(pid):
         assert time.monotonic() < deadline, f"pid {pid} did not exec within 30 s"
         time.sleep(0.01)
 
@@ -54,7 +53,7 @@ def test_a_stopped_driver_on_this_host_keeps_its_lease_however_old(ledger: Ledge
     """SIGSTOP / Ctrl-Z: the process lives but does not renew. Taking its lease would make two drivers."""
     stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "campaign-driver"])
     try:
-        _wait_for_exec(stopped.pid, b"campaign-driver")
+        _wait_until_a_driver(stopped.pid)
         _hold(ledger, campaign_id, pid=stopped.pid, host=lease_mod.socket.gethostname(), age_s=3600)
         with pytest.raises(CampaignConflict, match=rf"pid {stopped.pid} .*kill -CONT {stopped.pid}"):
             DriverLease(ledger, campaign_id).acquire()
@@ -134,7 +133,7 @@ def test_a_first_lease_inserted_between_our_look_and_our_write_stays_its_drivers
     forced by making our look return what it saw a moment earlier: nothing."""
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "campaign-driver"])
     try:
-        _wait_for_exec(other.pid, b"campaign-driver")
+        _wait_until_a_driver(other.pid)
         _hold(ledger, campaign_id, pid=other.pid, host=lease_mod.socket.gethostname(), age_s=0)
         monkeypatch.setattr(lease_mod.reads, "get_lease", lambda s, c: None)  # the look before their insert
         with pytest.raises(CampaignConflict, match="another driver took the lease .* at the same moment"):

@@ -5,11 +5,11 @@ lines with CAMPAIGN_MASTER_PORT (a free port), CAMPAIGN_RUN_DIR, CAMPAIGN_NODE, 
 heartbeat interval and a short SIGTERM grace. PYTHONPATH carries the repository root, so
 the tests work with or without `pip install -e`.
 
-Ranks start as the local site starts them by default: through the node's fork server
-(campaign.executors.warm, `trainer.warm_start: auto`), one server per pytest process (its
-scope), which drains when that process ends. A rank then costs a fork, not an interpreter
-start and torch's import (~2 s of CPU here). `warm=False` starts the interpreter, as srun
-and mpiexec do; the tests that depend on a process of the rank's own say so.
+Ranks start as the local site starts them: through the node's fork server
+(campaign.executors.warm, `trainer.warm_start: auto`), its scope and lifetime this pytest
+process's (`warm.launch_environment()`, as the supervisor sets them). A rank then costs a
+fork, not an interpreter start and torch's import (~2 s of CPU here). The cold start, as
+srun and mpiexec give it, is tested in tests/hpc and tests/train/test_aurora_pmix.py.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from campaign import report  # noqa: E402
+from campaign.executors import warm  # noqa: E402
 
 
 def complete_steps(checkpoint_dir: Path) -> list[int]:
@@ -133,7 +134,7 @@ class Launcher:
 
     def __call__(self, cfg: dict, world: int = 2, name: str = "run",
                  nodes: list[str] | None = None, env: dict[str, str | None] | None = None,
-                 attempt: int = 1, warm: bool = True) -> Launch:
+                 attempt: int = 1) -> Launch:
         run_dir = self.base / name
         run_dir.mkdir()
         cfg_path = run_dir / "config.json"
@@ -155,15 +156,13 @@ class Launcher:
                      CAMPAIGN_SIGTERM_GRACE="3", CAMPAIGN_ALLOW_FAULTS="1",
                      OMP_NUM_THREADS="1",
                      PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-            if warm:
-                e.update(CAMPAIGN_WARM_SCOPE=f"pytest-{os.getpid()}",
-                         CAMPAIGN_WARM_PARENT=f"{socket.gethostname()}:{os.getpid()}")
+            e.update(warm.launch_environment())
             e.update(env or {})
             e = {k: v for k, v in e.items() if v is not None}
-            trainer = [sys.executable, "-m", "campaign.train", "--config", str(cfg_path)]
             with open(run_dir / f"rank-{rank}.log", "w") as log:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "campaign.executors.warm", "--", *trainer] if warm else trainer,
+                    [sys.executable, "-m", "campaign.executors.warm", "--",
+                     sys.executable, "-m", "campaign.train", "--config", str(cfg_path)],
                     cwd=self.base, env=e, stdout=log, stderr=subprocess.STDOUT))
         self.started.append(Launch(procs, run_dir, nodes, attempt))
         return self.started[-1]
