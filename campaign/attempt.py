@@ -16,6 +16,7 @@ runs each through its attempt runner (`campaign.runner`; the Parsl app by defaul
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,6 +84,49 @@ class AttemptReport:
             raise ValueError(f"an attempt report with unknown key(s) {', '.join(extra)}: the supervisor on the block "
                              "runs another release of campaign than the driver")
         return cls(**doc)
+
+
+LAUNCH_FAILED = "the launch command could not start"
+"""How the supervisor's report begins when the launcher or trainer program cannot be executed."""
+_NOT_FOUND = re.compile(r"(?:^|[\s:'\"/])([\w.+-]+): (?:command )?not found|([\w.+-]+): No such file or directory")
+_REJECTED = re.compile(r"Submit command .*? failed; [^\n]*?stderr=([^\n]*)")
+
+
+def no_rank_started(rep: AttemptReport, *, ranks_wrote: bool) -> str | None:
+    """Why no rank of the attempt ever started, or None when one may have. `ranks_wrote`: a rank
+    left a trace (startup.json, a metrics row, a heartbeat). Such an attempt has nothing to
+    judge: its stage fails with this reason, never with "0 ranks returned None".
+
+    The shapes: the block never started its worker even after a fresh load (`block_failed`),
+    or its submission failed (the scheduler command is missing, the job was rejected: Parsl's
+    "Failed to start block ..."), too few usable nodes even after
+    a new block (`short_of_nodes`), or the launcher exited 127 (command not found) with no rank
+    having written anything."""
+    error = " ".join((rep.error or "").split())
+    # The block's submission failed: Parsl's "Failed to start block" (the block never started
+    # its worker), seen either as the app's error or as the job's FAILED state (`Block.ended`).
+    submit_failed = not rep.nodes and ("Failed to start block" in error or _REJECTED.search(rep.error or ""))
+    if rep.block_failed or submit_failed:
+        rejected = _REJECTED.search(rep.error or "")
+        said = " ".join(rejected.group(1).split()) if rejected else ""  # the scheduler command's stderr
+        missing = _NOT_FOUND.search(said or error)
+        if missing:
+            return f"{missing.group(1) or missing.group(2)} not found on the driver's host ({_cut(said or error)})"
+        if said:
+            return f"the job was rejected: {_cut(said)}"
+        return f"the block never started its worker: {_cut(error)}"
+    if rep.short_of_nodes:
+        return _cut(error)
+    if rep.exit_code == 127 and not ranks_wrote:
+        if error.startswith(LAUNCH_FAILED):  # the supervisor could not execute it at all
+            return _cut(error)
+        line = (rep.finding or {}).get("last_error_line") or error
+        return f"the launcher exited 127 before any rank started: {_cut(str(line)) or 'no error line'}"
+    return None
+
+
+def _cut(text: str, n: int = 400) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 class Interrupt(StrictModel):
@@ -229,15 +273,20 @@ def version_root(campaign_dir: Path, version: int) -> Path:
 
 
 def trainer_config(spec: CampaignSpec, targets: Targets, *, stage_dir: Path, attempt: int,
-                   faults: tuple[Fault, ...] = ()) -> TrainerConfig:
-    """The trainer.json of one attempt: the spec's sections, the stage's overrides and targets."""
+                   faults: tuple[Fault, ...] = (), spec_dir: Path | None = None) -> TrainerConfig:
+    """The trainer.json of one attempt: the spec's sections, the stage's overrides and targets.
+    A relative `data.path` is relative to the campaign file's folder `spec_dir` (the trainer
+    runs in the attempt's run directory, where it would name nothing)."""
     from campaign.train.config import RunConfig, TrainerConfig
 
     train = spec.trainer.model_copy(update=targets.train)
     if train.deterministic == "auto":  # exact where the stage compares bit for bit
         train = train.model_copy(update={"deterministic": targets.exact})
+    data = spec.data
+    if data.path and spec_dir is not None:
+        data = data.model_copy(update={"path": str(contract.spec_path(data.path, spec_dir))})
     return TrainerConfig(
-        model=spec.model, data=spec.data, train=train, faults=list(faults),
+        model=spec.model, data=data, train=train, faults=list(faults),
         run=RunConfig(max_steps=targets.steps, max_tokens=targets.max_tokens,
                       checkpoint_dir=str(stage_dir / targets.checkpoints), checkpoint_at=list(targets.checkpoint_at),
                       checkpoint_final=targets.checkpoint_final, resume=targets.resume, attempt=attempt,

@@ -95,7 +95,7 @@ def _launch(spec: CampaignSpec, spec_dir: Path, root: Path, name: str, number: i
 
     run_dir = root / name
     run_dir.mkdir(parents=True, exist_ok=True)
-    config = trainer_config(spec, targets, stage_dir=root, attempt=number)
+    config = trainer_config(spec, targets, stage_dir=root, attempt=number, spec_dir=spec_dir)
     ckpt = root / targets.checkpoints
     request = build_request(spec.site, config, run_dir=run_dir, nodes=NODES, excluded=[], timeout_s=timeout_s,
                             master_port=free_port(), spec_dir=spec_dir, resume_from=resume_from,

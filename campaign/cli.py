@@ -7,7 +7,7 @@
     campaign ledger export|import-reference    steps/attempts/nodes as CSV/JSON; reference curves in
     campaign resume NAME                       continue after the driver died, from the ledger alone
     campaign cancel NAME                       stop a running campaign cleanly
-    campaign validate FILE                     check a campaign file; print the resolved spec or the errors
+    campaign validate FILE [--preflight]       check a campaign file; print the resolved spec or the errors
     campaign check-trainer FILE                run your trainer briefly; what the trainer contract misses, with fixes
     campaign db upgrade|current                manage the ledger's schema
     campaign nodes list|exclude|include        the nodes the ledger tells every campaign not to use
@@ -22,6 +22,7 @@ they need when they run.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
@@ -95,8 +96,8 @@ def main() -> None:
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @_db_options
-@click.option("--dry-run", is_flag=True, help="Print what each stage would launch (in the run directories of the version "
-              "it would run as: with --new-version, the next one); submit and record nothing.")
+@click.option("--dry-run", is_flag=True, help="Print the preflight's findings, then what each stage would launch (in the run "
+              "directories of the version it would run as: with --new-version, the next one); submit and record nothing.")
 @click.option("--json", "as_json", is_flag=True,
               help="With --dry-run: a JSON document instead of text (each stage's launch command, environment, "
                    "and the first node's placement: CPUs, visible devices and device per local rank).")
@@ -111,6 +112,12 @@ def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, as_json
     The same file again continues the same campaign; a changed file under the same name is
     refused unless --new-version. Exit code 0 if every stage passed, 1 if one failed, 2 for bad
     input, 130 if cancelled (`campaign cancel` or Ctrl-C).
+
+    First, before anything is submitted or written, the preflight (`campaign validate
+    --preflight` prints it alone, --dry-run above the plan): a loss reference that is neither
+    in the ledger nor a file, a data.path that does not exist (relative paths are relative to
+    FILE's folder), a placeholder left in (YOUR_PROJECT, <...>), no qsub/sbatch on PATH. Each
+    refusal names the field and the fix; any refusal exits 2.
     """
     from campaign import spec as spec_mod
 
@@ -118,9 +125,7 @@ def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, as_json
         raise click.UsageError("--json goes with --dry-run (a submission prints its progress as it runs)")
     spec = spec_mod.load(file)
     spec_mod.check_faults_allowed(spec, str(file))
-    from campaign import reference, walltime
-
-    reference.check_files(spec.stages, file.parent)
+    from campaign import preflight
 
     remote_default = spec.site.remote_workdir() if endpoint else None
     if remote_default is not None and click.get_current_context().get_parameter_source("workdir") \
@@ -128,24 +133,31 @@ def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, as_json
         workdir = remote_default
         click.echo(f"note: no --workdir given: the campaign runs in {workdir} on the endpoint's host "
                    f"(the {spec.site.kind} site's default)", err=True)
-    site_says = spec.site.workdir_warnings(workdir, remote=bool(endpoint))
-    from campaign.contract import custom_trainer_warnings
-
-    for line in [*walltime.warnings(spec), *custom_trainer_warnings(spec), *site_says]:  # before anything is submitted
-        click.echo(f"warning: {line}", err=True)
+    # Before anything is submitted or written: every refusal at once (the endpoint's host checks
+    # the paths, the scheduler and the ledger again for --endpoint: `remote.start_driver`).
+    findings = preflight.check(spec, preflight.Source.read(file), ledger=preflight.LedgerView(db_url, workdir),
+                               workdir=workdir, here=not endpoint)
     if dry_run:
         from campaign import dryrun
         from campaign.commands import planned_version
 
+        for line in preflight.render(findings, str(file)):
+            click.echo(line, err=True)
         version, unread = planned_version(db_url, workdir, spec, new_version=new_version)
         if unread:
             click.echo(f"warning: {' '.join(unread.split())}; the run directories shown are those of a new campaign",
                        err=True)
         if as_json:
-            click.echo(json.dumps(dryrun.dry_run_document(spec, workdir, file.parent, version), indent=2))
+            doc = dryrun.dry_run_document(spec, workdir, file.parent, version)
+            doc["preflight"] = [dataclasses.asdict(f) for f in findings]
+            click.echo(json.dumps(doc, indent=2))
         else:
             click.echo(dryrun.render_dry_run(spec, workdir, file.parent, version))
         return
+    for f in findings:
+        if not f.refuse:
+            click.echo(f"warning: {f.text(str(file))}", err=True)
+    preflight.refuse_if_any(findings, str(file))
     if endpoint:  # a detached driver on the endpoint's host; this returns at once
         from campaign import remote
 
@@ -157,7 +169,6 @@ def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, as_json
     from campaign.progress import Progress
 
     goodput.check_auto(lambda: _open(db_url, workdir, create=False), spec, str(file))  # auto needs a failure rate
-    spec.site.preflight()  # what only this host can tell, before the ledger is touched
     check_workdir(workdir)
     ledger = _open(db_url, workdir)
     try:
@@ -170,6 +181,8 @@ def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, as_json
 
 def _print_started(info: dict[str, Any], endpoint: str, workdir: Path) -> None:
     """What `submit --endpoint` did there: started a driver, attached to one, or nothing to run."""
+    for line in info.get("warnings", []):  # the endpoint host's preflight
+        click.echo(f"warning: {line} (checked on the endpoint's host)", err=True)
     if info.get("exit_code") == 0:
         click.echo(f"{info['name']}: every stage had passed; nothing to run (ledger {info['ledger']})")
         return
@@ -337,10 +350,17 @@ def _show_status(fetch: Callable[[], Any], name: str | None, as_json: bool, watc
 
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--preflight", "run_preflight", is_flag=True,
+              help="Also run the checks `submit` runs before it submits anything, on this host: loss references in "
+                   "the ledger (--db/--workdir) or on disk, data.path, placeholders such as YOUR_PROJECT, the "
+                   "scheduler's commands on PATH, the site's own checks. Prints each refusal and warning with its "
+                   "field and fix; exit 2 on a refusal.")
+@_db_options
 @_errors
-def validate(file: Path) -> None:
+def validate(file: Path, run_preflight: bool, db_url: str | None, workdir: Path) -> None:
     """Check a campaign file. Prints the resolved spec (defaults filled in) as YAML, or
-    every problem with its field, file and line (exit 2). Touches no ledger."""
+    every problem with its field, file and line (exit 2). Touches no ledger (--preflight
+    reads it, to find loss references, and never writes it)."""
     import yaml
 
     from campaign import spec as spec_mod
@@ -348,6 +368,16 @@ def validate(file: Path) -> None:
     from campaign.contract import custom_trainer_warnings
 
     spec = spec_mod.load(file)
+    if run_preflight:
+        from campaign import preflight
+
+        findings = preflight.check(spec, preflight.Source.read(file), ledger=preflight.LedgerView(db_url, workdir),
+                                   workdir=workdir)
+        for line in preflight.render(findings, str(file)):
+            click.echo(line)
+        if any(f.refuse for f in findings):
+            sys.exit(2)
+        return
     for line in custom_trainer_warnings(spec):
         click.echo(f"warning: {line}", err=True)
     click.echo(f"# {file}: valid; spec digest {spec.digest()[:12]}")

@@ -129,6 +129,13 @@ def _expand(arg: str, values: dict[str, str]) -> str:
     return arg.format_map(values)
 
 
+def spec_path(value: str, spec_dir: Path) -> Path:
+    """A path the campaign file gives (data.path, a reference file): a relative one is relative
+    to the file's folder, as its user reads it, not to where a trainer or the driver runs."""
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else spec_dir / p
+
+
 def _resolve(arg: str, spec_dir: Path) -> str:
     if "{" in arg or arg.startswith("-") or Path(arg).is_absolute() or not _SCRIPT.search(arg):
         return arg

@@ -63,7 +63,7 @@ def _request(spec: CampaignSpec, stage: StageSpec, n: int, stage_dir: Path, atte
 
     targets = stages.module(stage.kind).first_targets(stage, spec, n)
     config = trainer_config(spec, targets, stage_dir=stage_dir, attempt=attempt,
-                            faults=stage.injected_faults())
+                            faults=stage.injected_faults(), spec_dir=(spec_dir or Path.cwd()).resolve())
     return build_request(spec.site, config, run_dir=rundir.attempt_dir(stage_dir, attempt), nodes=n, excluded=[],
                          timeout_s=stage.timeout_s, master_port=launchers.DEFAULT_MASTER_PORT,
                          spec_dir=(spec_dir or Path.cwd()).resolve())

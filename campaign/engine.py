@@ -37,7 +37,7 @@ from campaign.recovery import reap_dead_driver, recover_orphans
 from campaign.rundir import STOP_FILE
 from campaign.runner import AttemptRunner
 from campaign.spec import CampaignSpec, reread_digest
-from campaign.stagebase import StageSpec, Verdict
+from campaign.stagebase import NoRankStarted, StageSpec, Verdict
 from campaign.stagecontext import StageContext
 from campaign.summary import summarize_campaign
 
@@ -210,6 +210,8 @@ class Engine:
             raise  # the ledger belongs to the new driver now: write nothing
         except (LedgerError, WorkdirError):
             raise  # not the stage's failure: the ledger or the work directory is broken; resume continues
+        except NoRankStarted as e:
+            verdict = Verdict(False, f"no rank started: {e.why}", {"no_rank_started": True, "attempt": e.attempt})
         except Exception as e:
             where = self._keep_traceback(run.name)
             verdict = Verdict(False, f"stage crashed in the driver: {type(e).__name__}: {e} (traceback: {where})",

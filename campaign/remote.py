@@ -129,13 +129,20 @@ def start_driver(spec_text: str, filename: str, workdir: str = "campaigns", db_u
     from campaign.errors import CampaignConflict
     from campaign.ledger import open_ledger
 
+    from campaign import preflight
+
     spec = spec_mod.loads(spec_text, filename)
     wd, url = _where(workdir, db_url)
+    # The submission's preflight, here where the paths, the scheduler and the ledger are the ones
+    # the driver will use; before the work directory, the ledger or a job is made.
+    findings = preflight.check(spec, preflight.Source.parse(spec_text, filename, wd / "specs"),
+                               ledger=preflight.LedgerView(url, wd), workdir=wd, remote=True)
+    preflight.refuse_if_any(findings, f"{filename} (on {os.uname().nodename})")
     wd.mkdir(parents=True, exist_ok=True)
     ledger = open_ledger(url)
     try:
         where = {"name": spec.name, "ledger": ledger.display_url, "workdir": str(wd),
-                 "log": str(wd / spec.name / "driver.log")}
+                 "log": str(wd / spec.name / "driver.log"), "warnings": [f.text() for f in findings]}
         held = commands.live_driver(ledger, spec.name)
         if held is not None:
             if held["digest"] != spec.digest() and not new_version:

@@ -62,6 +62,11 @@ class StageSpec(StrictModel):
         """The deliberate faults (`campaign.train.config.Fault`) its attempts inject."""
         return ()
 
+    def reference_check_steps(self) -> list[int] | None:
+        """The steps whose reference losses the stage compares (`campaign.preflight` checks a
+        ledger reference has them); None: the stage compares no reference."""
+        return None
+
     def token_target(self) -> int | None:
         """A token target the stage trains to (None: a step count)."""
         return None
@@ -159,6 +164,16 @@ def after_retry(verdict: Verdict, first: Any) -> Verdict:
     note = (f" (on a confirming retry: attempt {first.number} ended {first.exit_class}, exit {first.exit_code}"
             f"{': ' + repr(line) if line else ''}; log: {finding.get('log_path') or first.rank0_log})")
     return Verdict(verdict.passed, verdict.reason + note, {**verdict.numbers, "confirming_retry_after": first.number})
+
+
+class NoRankStarted(Exception):
+    """An attempt in which no rank ever started (`campaign.attempt.no_rank_started`): there is
+    nothing for the stage to judge, and relaunching into the same cause helps nothing; the
+    engine fails the stage with "no rank started: WHY"."""
+
+    def __init__(self, why: str, attempt: int) -> None:
+        super().__init__(why)
+        self.why, self.attempt = why, attempt
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from campaign import contract, evidence, exits, goodput, reference, report, rundir
-from campaign.attempt import AttemptReport, AttemptRequest, Interrupt, build_request, trainer_config
+from campaign.attempt import AttemptReport, AttemptRequest, Interrupt, build_request, no_rank_started, trainer_config
 from campaign.errors import WorkdirError
 from campaign.ledger import reads, writes
 from campaign.ledger.db import transient
 from campaign.ledger.models import Attempt, StageRun, utcnow
+from campaign.stagebase import NoRankStarted
 from campaign.watchdog import WatchdogPolicy
 
 if TYPE_CHECKING:
@@ -231,7 +232,8 @@ class StageContext:
                 number, attempt_id = a.number, a.id
                 excluded = sorted({e.node for e in reads.list_exclusions(s, self.engine.site_name)})
         run_dir = rundir.attempt_dir(self.stage_dir, number)
-        config = trainer_config(self.spec, targets, stage_dir=self.stage_dir, attempt=number, faults=faults)
+        config = trainer_config(self.spec, targets, stage_dir=self.stage_dir, attempt=number, faults=faults,
+                                spec_dir=self.engine.spec_dir)
         resume_from = contract.newest_complete(self.spec.trainer.checkpoints, ckpt) if targets.resume else None
         request = build_request(self.spec.site, config, run_dir=run_dir, nodes=n, excluded=excluded,
                                 timeout_s=timeout_s, master_port=free_port(), spec_dir=self.engine.spec_dir,
@@ -256,7 +258,11 @@ class StageContext:
             rep, offset = self._supervise(request, attempt_id, steps)
         self.engine.current_run_dir = None
         self._ingest(attempt_id, run_dir, offset, steps, last=True)
-        return self._finish(attempt_id, number, run_dir, rep, ckpt, steps)
+        outcome = self._finish(attempt_id, number, run_dir, rep, ckpt, steps)
+        why = no_rank_started(rep, ranks_wrote=bool(outcome.metrics or (outcome.startup or {}).get("ranks")))
+        if why is not None:
+            raise NoRankStarted(why, number)
+        return outcome
 
     def _unlaunched(self, attempt_id: int, run_dir: Path, e: OSError) -> NoReturn:
         """Close the attempt row of a launch the driver could not prepare, and stop the driver

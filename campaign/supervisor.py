@@ -27,6 +27,7 @@ with `AttemptReport.from_dict`. It never touches the ledger: the driver ingests
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from campaign import contract, evidence, exits, report, rundir, watchdog
-from campaign.attempt import AttemptReport, AttemptRequest, Interrupt
+from campaign.attempt import LAUNCH_FAILED, AttemptReport, AttemptRequest, Interrupt
 from campaign.executors import warm
 from campaign.rundir import PIDS_FILE, STOP_FILE
 from campaign.train import rescue
@@ -175,7 +176,12 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
     if request.rotate:
         active = active[request.rotate % n:] + active[:request.rotate % n]
     _prepare(request, run_dir, active)
-    launch, command, text = _start(request, active)
+    try:
+        launch, command, text = _start(request, active)
+    except OSError as e:  # the launcher or the trainer's program cannot be executed: no rank ever ran
+        out = AttemptReport(exit_code=exits.BROKEN_ENV, exit_class="crashed_systemic", duration_s=time.time() - start,
+                            nodes=active, allocation=allocation, error=f"{LAUNCH_FAILED}: {e}")
+        return _finish(run_dir, out)
     adapter = ProgressAdapter.for_request(request)
     watched = _watch(launch, request, active, start, adapter)
     if adapter is not None:  # what rank 0 printed just before it exited
@@ -288,11 +294,18 @@ def _start(request: AttemptRequest, active: list[str]) -> tuple[_Launch, list[st
     base_env = {**os.environ, **warm.launch_environment(), **dict(plan.env)}
     if request.launcher == "local":
         procs = []
-        for rank, (rank_argv, env) in enumerate(launchers.local_rank_processes(plan)):
-            with open(rundir.rank_log(run_dir, rank), "wb") as log:
-                p = subprocess.Popen(rank_argv, env={**base_env, **env}, stdout=log, stderr=subprocess.STDOUT,
-                                     cwd=run_dir, start_new_session=True)
-            procs.append((rank, env.get("CAMPAIGN_NODE", ""), p))
+        try:
+            for rank, (rank_argv, env) in enumerate(launchers.local_rank_processes(plan)):
+                with open(rundir.rank_log(run_dir, rank), "wb") as log:
+                    p = subprocess.Popen(rank_argv, env={**base_env, **env}, stdout=log, stderr=subprocess.STDOUT,
+                                         cwd=run_dir, start_new_session=True)
+                procs.append((rank, env.get("CAMPAIGN_NODE", ""), p))
+        except OSError:  # the ranks already started must not train on unwatched
+            for _, _, p in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+            raise
         command = ["(local)", *plan.argv]
     else:
         command = launchers.build_command(request.launcher, plan)

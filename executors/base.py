@@ -26,7 +26,7 @@ import sys
 from abc import abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from campaign.stagebase import StrictModel
 
@@ -113,6 +113,16 @@ class Site(StrictModel):
     def preflight(self) -> None:
         """Check, on the driver's host and before the ledger is touched, what only this host
         can tell (e.g. that a named network interface exists); SiteError when it cannot work."""
+
+    def scheduler_commands(self) -> tuple[str, ...]:
+        """The scheduler's commands this site's Parsl provider runs on the driver's host
+        (`campaign.preflight` refuses a submission where one is not on PATH); none by default."""
+        return ()
+
+    def spec_warnings(self, spec: Any) -> list[str]:
+        """What the facility advises against in `spec` on this site that only the machine can
+        confirm: one line each, "field: problem; fix" (`campaign.preflight` prints them)."""
+        return []
 
     def workdir_warnings(self, workdir: Path, *, remote: bool) -> list[str]:
         """What the facility says against running from `workdir` (`remote`: the path is

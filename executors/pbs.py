@@ -27,6 +27,10 @@ class PBSSite(batch.BatchSite):
     COLLECTIVE_JOB_LINES: ClassVar[tuple[str, ...]] = ()
     """The part of the collective environment that needs the job's shell (`$VAR`, `unset`)."""
 
+    def scheduler_commands(self) -> tuple[str, ...]:
+        """What Parsl's PBSProProvider runs: qsub (submit), qstat (status), qdel (cancel)."""
+        return ("qsub", "qstat", "qdel")
+
     def rank_env(self, *base: dict[str, str]) -> dict[str, str]:
         """Every rank's environment: `base`, the collective environment (unless
         `collective_env: false`), then the user's `env`, which wins."""

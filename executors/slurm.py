@@ -72,6 +72,10 @@ class SlurmSite(batch.BatchSite):
     def launcher(self) -> str:
         return "srun"
 
+    def scheduler_commands(self) -> tuple[str, ...]:
+        """What Parsl's SlurmProvider runs: sbatch (submit), squeue (status), scancel (cancel)."""
+        return ("sbatch", "squeue", "scancel")
+
     def devices(self) -> tuple[str, int | None]:
         return ("cuda", self.gpus_per_node) if self.gpus_per_node else ("cpu", None)
 

@@ -43,6 +43,13 @@ class LossCheckStage(StageSpec):
             raise ValueError(f"window ({self.window}) cannot exceed steps ({self.steps})")
         return self
 
+    def check_steps(self) -> list[int]:
+        """The steps whose mean loss is the check point: the last `window` steps."""
+        return list(range(self.steps - self.window + 1, self.steps + 1))
+
+    def reference_check_steps(self) -> list[int] | None:
+        return self.check_steps()
+
 
 def first_targets(stage: LossCheckStage, spec: Any, nodes: int) -> Targets:
     """What the stage's first attempt must do (a fresh run in checkpoints-1/); `--dry-run` shows the same."""
@@ -54,7 +61,7 @@ def run(ctx: StageContext, stage: LossCheckStage) -> Verdict:
                       checkpoints=f"checkpoints-{ctx.run.attempts_count + 1}")  # a rerun starts afresh
     retry = replace(targets, checkpoints=f"checkpoints-{ctx.run.attempts_count + 2}")
     outcome, first = ctx.launch_confirmed(targets, retry_targets=retry, nodes=stage.nodes, timeout_s=stage.timeout_s)
-    check_steps = list(range(stage.steps - stage.window + 1, stage.steps + 1))
+    check_steps = stage.check_steps()
     if outcome.exit_code != 0:
         stall = f" [{outcome.report.stall}]" if outcome.report.stall else ""
         return after_retry(Verdict(False, f"trainer exited {outcome.exit_code} ({outcome.exit_class}) "

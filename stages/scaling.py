@@ -96,6 +96,9 @@ class ScalingStage(StageSpec):
     def attempt_nodes(self, site_nodes: int) -> list[int]:
         return list(self.node_counts)
 
+    def reference_check_steps(self) -> list[int] | None:
+        return window_steps(self) if self.reference else None
+
     def attempts_bound(self) -> int:
         return len(self.node_counts)
 

@@ -184,7 +184,7 @@ def test_loss_check_with_a_binary_reference_is_refused_before_submission(tmp_pat
     stage = {"name": "lc", "kind": "loss_check", "steps": 5, "window": 2, "reference": {"file": binary.name}}
     code, out, err = _cli("submit", _spec(tmp_path, stages=[stage]), "--workdir", tmp_path / "wd")
     assert code == 2 and "Traceback" not in err, err
-    assert f"{binary}: 1 problem" in err and "not a text file" in err
+    assert f"stages[0].reference.file: {binary}: not a text file" in err  # the preflight's line
     assert not (tmp_path / "wd").exists()
 
 

@@ -136,7 +136,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                  "campaign.checktrainer")),
     ("views", ("campaign.views", "campaign.plots", "campaign.progress", "campaign.export", "campaign.watch")),
     ("driver", ("campaign.stagecontext", "campaign.engine", "campaign.dryrun")),
-    ("operations", ("campaign.commands", "campaign.remote")),
+    ("operations", ("campaign.commands", "campaign.remote", "campaign.preflight")),
     ("cli", ("campaign.cli",)),
 )
 """Lowest first; the same table as docs/architecture.md's "Layers". A module belongs to the
