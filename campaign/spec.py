@@ -83,6 +83,15 @@ class CampaignSpec(StrictModel):
                              "with the local launcher, torchrun, PALS and srun --mpi=none|pmix; docs/launchers.md)")
         return self
 
+    @model_validator(mode="after")
+    def _backend_exists(self) -> CampaignSpec:
+        if self.trainer.backend == "ccl":
+            raise ValueError("trainer.backend: 'ccl' (oneCCL's bindings for PyTorch) is gone from ALCF's frameworks "
+                             "module, whose page says \"the `backend` must be changed to `xccl` from `ccl`\" "
+                             "(docs.alcf.anl.gov/aurora/data-science/frameworks/pytorch/), and the built-in trainer "
+                             "never imports those bindings: set backend: xccl (or auto, which picks xccl on XPUs)")
+        return self
+
     def stage(self, name: str) -> StageSpec:
         for s in self.stages:
             if s.resolved_name == name:

@@ -12,6 +12,7 @@ model that subclasses `Site` and answers these questions; nothing else reaches i
     site.block_walltime_s()        the block's walltime (None: no deadline)
     site.deadline_from             whether that walltime counts from the block's or the attempt's start
     site.cancel_jobs(ids)          stop scheduler jobs through the provider
+    site.preflight_warnings()      lines to print before submitting (what only the machine can tell)
     site.dry_run(script_dir)       (batch script, submit commands) of the first block, or None
     site.renewed(excluded)         the site of a new block that avoids `excluded`, or None
 
@@ -113,6 +114,11 @@ class Site(StrictModel):
     def preflight(self) -> None:
         """Check, on the driver's host and before the ledger is touched, what only this host
         can tell (e.g. that a named network interface exists); SiteError when it cannot work."""
+
+    def preflight_warnings(self) -> list[str]:
+        """What the site's options suggest will go badly where only the machine can tell (one
+        line each, naming the field and the fix); printed before submitting, not a refusal."""
+        return []
 
     def workdir_warnings(self, workdir: Path, *, remote: bool) -> list[str]:
         """What the facility says against running from `workdir` (`remote`: the path is

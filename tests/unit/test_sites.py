@@ -14,7 +14,7 @@ import yaml
 
 from campaign.errors import SiteError, SpecError
 from campaign import executors, spec, walltime
-from campaign.executors import aurora, batch, polaris
+from campaign.executors import aurora, batch, pbs, polaris
 from campaign.executors.base import LaunchOptions, Site
 from campaign.executors.aurora import AuroraSite
 from campaign.executors.polaris import PolarisSite
@@ -81,20 +81,17 @@ def _job_env(worker_init: str, env: dict[str, str]) -> dict[str, str]:
 
 def test_aurora_ranks_get_the_oneccl_environment_alcf_lists_today_which_env_overrides() -> None:
     # https://docs.alcf.anl.gov/aurora/data-science/frameworks/oneCCL/ "oneCCL environment variables"
-    # (read 2026-12-05; docs/sites.md quotes the block): the first block, whole. The pre-2025
-    # "mandatory" list's CCL_ALLREDUCE=topo / CCL_ALLREDUCE_SCALEOUT=rabenseifner are gone.
+    # (oneCCL.md @ f2eb40a6, 2026-03-17): the minimal set and the tuning block; the page's own
+    # lines are run against the rendered job in tests/unit/test_alcf_facts.py. Here: `env` overrides
+    # one, and `collective_env: false` leaves the ranks and the job without them.
     env = AuroraSite(account="p").launch_options().env
-    page = {"CCL_PROCESS_LAUNCHER": "pmix", "CCL_ATL_TRANSPORT": "mpi",
-            "CCL_ALLREDUCE_SCALEOUT": "direct:0-1048576;rabenseifner:1048577-max", "CCL_BCAST": "double_tree",
-            "CCL_KVS_MODE": "mpi", "CCL_CONFIGURATION_PATH": "", "CCL_CONFIGURATION": "cpu_gpu_dpcpp",
-            "CCL_KVS_CONNECTION_TIMEOUT": "600", "CCL_ZE_CACHE_OPEN_IPC_HANDLES_THRESHOLD": "1024",
-            "CCL_KVS_USE_MPI_RANKS": "1"}
-    assert {k: v for k, v in env.items() if k.startswith("CCL_")} == page
-    assert "FI_MR_CACHE_MONITOR" not in env  # the page lists it (=disabled) as application-dependent only
+    assert env["FI_MR_CACHE_MONITOR"] == "userfaultfd" and env["CCL_KVS_MODE"] == "mpi"
+    assert "CCL_CONFIGURATION_PATH" not in env  # exported in the job's shell, as the page does
     mine = AuroraSite(account="p", env={"CCL_KVS_CONNECTION_TIMEOUT": "1200"}).launch_options().env
     assert mine["CCL_KVS_CONNECTION_TIMEOUT"] == "1200" and mine["CCL_KVS_MODE"] == "mpi"
     off = AuroraSite(account="p", collective_env=False)
-    assert off.launch_options().env == {"ZE_FLAT_DEVICE_HIERARCHY": "FLAT"} and off.job_environment() == []
+    assert off.launch_options().env == {"ZE_FLAT_DEVICE_HIERARCHY": "FLAT", "ZE_ENABLE_PCI_ID_DEVICE_ORDER": "1"}
+    assert off.job_environment() == [pbs.CD_SUBMIT_DIR]
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash not available")
@@ -174,7 +171,7 @@ def test_pbs_parsl_config_is_fresh_one_block_one_worker(tmp_path: Path) -> None:
     assert "#PBS -l filesystems=home:flare" in p.scheduler_options and "place=scatter" in p.scheduler_options
     # the user's init runs after ours (it wins), then ALCF's shell lines that need its modules
     lines = p.worker_init.splitlines()
-    assert lines[lines.index("module load frameworks") + 1:] == list(aurora.COLLECTIVE_JOB_LINES)
+    assert lines[lines.index("module load frameworks") + 1:] == [pbs.CD_SUBMIT_DIR, *aurora.COLLECTIVE_JOB_LINES]
     assert a.strategy == "simple"  # a new block when the old one reached its walltime
 
 
