@@ -10,6 +10,7 @@ Fields a user changes (in the campaign file, under `site:`):
     nodes, spares  active nodes a stage may use, and extra nodes that replace excluded ones
     worker_init    activates your environment, e.g. `module load frameworks; source ~/venv/bin/activate`
     collective_env ALCF's recommended oneCCL variables on every rank (default true; `env` overrides one)
+    copper         start ALCF's Copper cache and import Python through it (default auto: from 1000 nodes)
     tmpdir         TMPDIR of the job's Parsl worker (default /tmp: AF_UNIX paths stay short)
     address_interface  interface of the driver's host that workers connect to (default: hsn0
                    where the driver's host has it, else every address Parsl finds)
@@ -22,7 +23,11 @@ head node; the trainer is started with PALS `mpiexec --hostfile` over the active
 per rank: by default `ZE_FLAT_DEVICE_HIERARCHY=FLAT` is set on every rank (12 tiles seen as
 12 devices; rank i takes xpu:i) with no `--gpu-bind`, which fails under FLAT (ALCF, "Binding
 MPI ranks to GPUs"). `device_hierarchy: COMPOSITE` with `gpu_bind: list:0.0:0.1:...` binds
-tiles through PALS instead (each rank sees one device, xpu:0). See docs/launchers.md.
+tiles through PALS instead (each rank sees one device, xpu:0). Every rank also gets
+`ZE_ENABLE_PCI_ID_DEVICE_ORDER=1` (devices in PCI order, as ALCF's binding script sets) and
+oneCCL's minimal set and tuning block (`collective_env`). `qsub` runs in the campaign's Parsl
+run directory (under --workdir), and the job works there (`cd $PBS_O_WORKDIR`). See
+docs/launchers.md and, for every fact and its source, docs/sites.md.
 
 `launcher: mpich` is a STAND-IN for tests on one machine (the PBS emulator in tests/infra):
 MPICH `mpiexec -launcher fork` starts every rank locally under the node names of
@@ -41,8 +46,9 @@ from pydantic import Field, model_validator
 from campaign.executors import pbs
 from campaign.executors.base import LaunchOptions
 
-# https://docs.alcf.anl.gov/aurora/running-jobs-aurora/ ("Binding MPI ranks and threads
-# to cores", read 2026-12-05): "Since March 31, 2025, cores 0 (104) and 52 (156)--the first
+# https://docs.alcf.anl.gov/aurora/running-jobs-aurora/ ("MPI rank and thread binding to cores
+# and GPUs", running-jobs-aurora.md @ 512a0056, 2026-07-27; these lines since 94904579, 2025-04-21):
+# "Since March 31, 2025, cores 0 (104) and 52 (156)--the first
 # physical cores on each CPU socket--have been reserved for system services". ALCF's lists
 # give each socket's next 48 cores (1-48, 53-100) to its half of the ranks: 12 ranks x 8
 # cores ("--cpu-bind=list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100")
@@ -78,9 +84,10 @@ GPU_BIND = "list:0.0:0.1:1.0:1.1:2.0:2.1:3.0:3.1:4.0:4.1:5.0:5.1"
 # (campaign/train/placement.py). Intel: https://www.intel.com/content/www/us/en/developer/articles/technical/flattening-gpu-tile-hierarchy.html
 TILES_PER_NODE = 12
 """Devices a node shows under FLAT."""
-# https://docs.alcf.anl.gov/aurora/data-management/lustre/flare/ : Flare, mounted at
-# /lus/flare/projects/: "You should launch jobs only from this flare space"; home (Gecko):
-# "You should not launch jobs from this Home/Gecko space".
+# https://docs.alcf.anl.gov/aurora/data-management/lustre/flare/ (flare.md @ 14bd245f, 2025-01-28):
+# Flare, "mounted at `/lus/flare/projects/`": "You should launch jobs only from this Flare space."
+# https://docs.alcf.anl.gov/aurora/running-jobs-aurora/ (@ 512a0056, 2026-07-27): "Jobs should be
+# submitted only from your allocated project directory and not from your home directory".
 PROJECTS = "/lus/flare/projects"
 # ALCF's oneCCL page, "oneCCL environment variables" (https://docs.alcf.anl.gov/aurora/data-science/frameworks/oneCCL/,
 # argonne-lcf/user-guides docs/aurora/data-science/frameworks/oneCCL.md @ f2eb40a6, 2026-03-17; the

@@ -107,7 +107,7 @@ def test_aurora_jobs_run_the_pages_shell_lines_after_the_users_modules() -> None
 
 
 def test_polaris_ranks_get_alcfs_nccl_environment_and_its_plugin_on_the_library_path(tmp_path: Path) -> None:
-    # https://docs.alcf.anl.gov/polaris/applications-and-libraries/libraries/nccl/ (read 2026-12-05):
+    # https://docs.alcf.anl.gov/polaris/applications-and-libraries/libraries/nccl/ (nccl.md @ ed3908de, 2025-01-21):
     # NCCL_NET="AWS Libfabric" with "export LD_LIBRARY_PATH=/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:$LD_LIBRARY_PATH"
     # and "export LD_LIBRARY_PATH=/soft/libraries/hwloc/lib/:$LD_LIBRARY_PATH".
     site = PolarisSite(account="p", worker_init="export LD_LIBRARY_PATH=/soft/conda/lib")
@@ -120,7 +120,7 @@ def test_polaris_ranks_get_alcfs_nccl_environment_and_its_plugin_on_the_library_
 
 
 def test_polaris_workers_connect_on_every_address_unless_told_an_interface(tmp_path: Path) -> None:
-    # https://docs.alcf.anl.gov/polaris/workflows/parsl/ (read 2026-12-05) sets no `address`;
+    # https://docs.alcf.anl.gov/polaris/workflows/parsl/ (parsl.md @ fb0b8c2d, 2026-08-04) sets no `address`;
     # its old bond0 advice is gone. A named interface this host lacks is a clear error.
     site = PolarisSite(account="p")
     assert site.address_interface is None and batch.worker_address(site) is None
@@ -316,7 +316,7 @@ def test_submit_without_the_polaris_interface_stops_before_the_ledger(tmp_path: 
 @pytest.mark.parametrize("kind", ["aurora", "polaris"])
 def test_pbs_jobs_start_a_login_shell_so_worker_init_can_use_module(tmp_path: Path, kind: str) -> None:
     # ALCF's sample job scripts start `#!/bin/bash -l` (docs.alcf.anl.gov/aurora/workflows/parsl/,
-    # read 2026-12-05): `module` is a shell function defined by the login profile (Parsl issue 3538),
+    # parsl.md @ dc465358): `module` is a shell function defined by the login profile (Parsl issue 3538),
     # and `#PBS -S /bin/bash` would name the shell without -l. Here the script runs by its own #!
     # line, with a profile that defines `module` as the login scripts of the machines do.
     home = tmp_path / "home"
@@ -335,7 +335,7 @@ def test_pbs_jobs_start_a_login_shell_so_worker_init_can_use_module(tmp_path: Pa
 
 
 @pytest.mark.parametrize("ranks, alcf", [
-    # docs.alcf.anl.gov/aurora/running-jobs-aurora/ (read 2026-12-05), verbatim
+    # docs.alcf.anl.gov/aurora/running-jobs-aurora/ (running-jobs-aurora.md @ 512a0056, 2026-07-27), verbatim
     (12, "list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100"),
     (6, "list:1-16:17-32:33-48:53-68:69-84:85-100"),
 ])
@@ -373,9 +373,9 @@ def test_slurm_refuses_closest_gpu_binding_that_would_give_a_rank_two_gpus() -> 
 
 
 def test_aurora_workers_connect_over_hsn0_where_the_drivers_host_has_it(tmp_path: Path) -> None:
-    # Issue 26: ALCF's Aurora Parsl page uses the hsn0 address since 2026-07 (not in the copies
-    # read here: docs/sites.md). Taken only where the host has hsn0, so a host without it (this
-    # one, or a login node) keeps Parsl's every-address default instead of failing.
+    # ALCF's Aurora Parsl page uses the hsn0 address since dc465358 (2026-07-16; the quote's test:
+    # test_alcf_facts.py). Taken only where the host has hsn0, so a host without it (this one)
+    # keeps Parsl's every-address default, with a preflight warning, instead of failing.
     site = AuroraSite(account="p")
     assert batch.worker_address(site) is None  # no hsn0 here
 
