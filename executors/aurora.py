@@ -315,10 +315,12 @@ def copper_job_lines(cpu_bind: str | None) -> list[str]:
     site_packages = "$(python3 -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))')"
     return [
         "module load copper",
-        f"if launch_copper.sh {where}{' -b ' + ','.join(map(str, cores)) if cores else ''}; then "
-        f'export PYTHONPATH="{COPPER_MOUNT}{site_packages}${{PYTHONPATH:+:$PYTHONPATH}}"; '
-        f"trap 'stop_copper.sh {where}' EXIT; "
-        'else echo "campaign: Copper did not start; the ranks import Python from Lustre" >&2; fi',
+        f"if launch_copper.sh {where}{' -b ' + ','.join(map(str, cores)) if cores else ''}; then",
+        f'  export PYTHONPATH="{COPPER_MOUNT}{site_packages}${{PYTHONPATH:+:$PYTHONPATH}}"',
+        f"  trap 'stop_copper.sh {where}' EXIT",
+        "else",
+        '  echo "campaign: Copper did not start; the ranks import Python from Lustre" >&2',
+        "fi",
     ]
 
 

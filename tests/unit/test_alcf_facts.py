@@ -289,6 +289,11 @@ def test_copper_starts_in_the_job_and_the_ranks_import_through_it_as_the_page_sh
     logs = f"{tmp_path / 'wd'}/copper-logs"
     assert lines[1] == f"launch_copper.sh -d {logs} -v {mount} -b 49,50,51,101"
     assert lines[2] == f"stop_copper.sh -d {logs} -v {mount}"
+    # Copper that does not start: the ranks import from Lustre as before, and the job says so
+    _fake_command(bindir, "launch_copper.sh", "exit 1\n")
+    failed = subprocess.run(["bash", "-c", module + script + "\nenv -0"], env=start, capture_output=True, timeout=60)
+    assert failed.returncode == 0 and b"PYTHONPATH=/opt/app\0" in failed.stdout
+    assert b"Copper did not start" in failed.stderr
     # the launch line passes the job's environment to every rank (the page: --genvall)
     line = _launch_line("{kind: aurora, account: p, copper: true}", tmp_path)
     assert "--envall" in line and "PYTHONPATH" not in line
@@ -300,3 +305,58 @@ def test_dry_run_shows_copper_in_the_job_script(tmp_path: Path) -> None:
     assert "module load copper" in text and 'launch_copper.sh -d "${PBS_O_WORKDIR}/copper-logs"' in text
     assert "launch_copper.sh" not in dryrun.render_dry_run(
         spec.loads("name: d\nsite: {kind: aurora, account: p}\nstages:\n  - kind: smoke\n", "d.yaml"), tmp_path / "wd")
+
+
+# https://docs.alcf.anl.gov/aurora/running-jobs-aurora/ @ 512a0056, "Recommended PBSPro options follow."
+PBS_OPTIONS = """\
+#!/bin/bash -l
+#PBS -A <your_ProjectName>
+#PBS -N <your_JobName>
+#PBS -l walltime=<requested_walltime_value>
+#PBS -l filesystems=<requested_fs1:requested_fs2>
+#PBS -k doe
+#PBS -l place=scatter
+#PBS -q <requested_Queue>
+"""
+# https://docs.alcf.anl.gov/polaris/applications-and-libraries/libraries/nccl/, nccl.md @ ed3908de (2025-01-21):
+# "We have done extensive performance tests and identified the following best environment setup."
+POLARIS_NCCL = """\
+export NCCL_NET_GDR_LEVEL=PHB
+export NCCL_CROSS_NIC=1
+export NCCL_COLLNET_ENABLE=1
+export NCCL_NET="AWS Libfabric"
+export LD_LIBRARY_PATH=/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:$LD_LIBRARY_PATH
+export LD_LIBRARY_PATH=/soft/libraries/hwloc/lib/:$LD_LIBRARY_PATH
+export FI_CXI_DISABLE_HOST_REGISTER=1
+export FI_MR_CACHE_MONITOR=userfaultfd
+export FI_CXI_DEFAULT_CQ_SIZE=131072
+"""
+
+
+def test_the_job_script_has_every_pbs_option_alcf_recommends(tmp_path: Path) -> None:
+    site = AuroraSite(account="proj", queue="debug-scaling", nodes=2, walltime="00:30:00")
+    script, (qsub,) = site.dry_run(tmp_path / "parsl" / "000" / "submit_scripts")
+    assert script.splitlines()[0] == PBS_OPTIONS.splitlines()[0]  # a login shell
+    given = {"-A": "proj", "-q": "debug-scaling", "-l walltime": "00:30:00", "-l filesystems": "home:flare"}
+    for line in PBS_OPTIONS.splitlines()[1:]:
+        option, _, value = line.removeprefix("#PBS ").partition("<")
+        option = option.rstrip("= ")
+        if option == "-N":
+            assert "#PBS -N parsl.campaign.block-0." in script
+        elif value:  # a value the user gives: on a #PBS line or on the qsub line (Parsl puts -A, -q there)
+            want = given[option]
+            assert f"#PBS {option}={want}" in script or f" {option} {want} " in qsub, option
+        else:
+            assert line in script.splitlines(), line
+
+
+@needs_bash
+def test_polaris_ranks_get_the_nccl_pages_setup(tmp_path: Path) -> None:
+    from campaign.executors.polaris import PolarisSite
+
+    start = {"PATH": os.environ["PATH"], "LD_LIBRARY_PATH": "/soft/conda/lib"}
+    page = _bash_env(POLARIS_NCCL, start)
+    site = PolarisSite(account="p", worker_init="export LD_LIBRARY_PATH=/soft/conda/lib")
+    ours = {**_bash_env(site.provider().worker_init, start), **site.launch_options().env}
+    set_by_page = {k for k in page if page[k] != start.get(k)} - {"_", "SHLVL", "PWD"}
+    assert {k: ours.get(k) for k in set_by_page} == {k: page[k] for k in set_by_page}
