@@ -130,7 +130,7 @@ DEVICE_ORDER_ENV: tuple[tuple[str, str], ...] = (("ZE_ENABLE_PCI_ID_DEVICE_ORDER
 # 2026-06-19): `module load copper`, `launch_copper.sh [-d log_dir_base] [-v CU_FUSE_MNT_VIEWDIR]`,
 # then the ranks' imports through the mount: "--genvall
 # --genv=PYTHONPATH=/tmp/${USER}/copper/${CUSTOM_VENV_PATH}/lib64/python3.10/site-packages:$PYTHONPATH".
-# ALCF's Python page (python.md @ d83569d4, 2025-01-09): "beyond 1000 nodes, importing Python
+# ALCF's Python page (python.md @ 5f3e18d3, 2026-03-13; the sentence since d83569d4): "beyond 1000 nodes, importing Python
 # modules from a home or Lustre project directory might be significantly slower, or it may even
 # crash the Lustre file system".
 COPPER_FROM_NODES = 1000
