@@ -251,7 +251,7 @@ def warnings(spec: Any, source: Source) -> Iterator[Finding]:
     from campaign import walltime
     from campaign.contract import custom_trainer_warnings
 
-    for line in [*walltime.warnings(spec), *custom_trainer_warnings(spec), *spec.site.spec_warnings(spec)]:
+    for line in [*walltime.warnings(spec), *custom_trainer_warnings(spec), *spec.site.preflight_warnings()]:
         field, sep, rest = line.partition(": ")
         if sep and re.fullmatch(r"[A-Za-z_][\w.\[\]]*", field):
             yield Finding(field, rest, refuse=False, line=source.line(*_parse_dotted(field)))

@@ -79,8 +79,18 @@ class CampaignSpec(StrictModel):
         if self.trainer.warm_start is True and self.site.launcher in FD_PMI_LAUNCHERS:
             raise ValueError(f"trainer.warm_start: the {self.site.launcher!r} launcher (MPICH's Hydra mpiexec) hands "
                              "each rank its PMI connection as an open file descriptor (PMI_FD), which a child of the "
-                             "node's fork server does not have; set warm_start: auto or false (warm start is safe "
-                             "with the local launcher, torchrun, PALS and srun --mpi=none|pmix; docs/launchers.md)")
+                             "node's fork server does not have; set warm_start: auto or false (warm start is tested "
+                             "with the local launcher; torchrun, PALS and srun --mpi=none|pmix lose no descriptor "
+                             "but are untested; docs/launchers.md)")
+        return self
+
+    @model_validator(mode="after")
+    def _backend_exists(self) -> CampaignSpec:
+        if self.trainer.backend == "ccl":
+            raise ValueError("trainer.backend: 'ccl' (oneCCL's bindings for PyTorch) is gone from ALCF's frameworks "
+                             "module, whose page says \"the `backend` must be changed to `xccl` from `ccl`\" "
+                             "(docs.alcf.anl.gov/aurora/data-science/frameworks/pytorch/), and the built-in trainer "
+                             "never imports those bindings: set backend: xccl (or auto, which picks xccl on XPUs)")
         return self
 
     def stage(self, name: str) -> StageSpec:

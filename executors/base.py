@@ -12,6 +12,7 @@ model that subclasses `Site` and answers these questions; nothing else reaches i
     site.block_walltime_s()        the block's walltime (None: no deadline)
     site.deadline_from             whether that walltime counts from the block's or the attempt's start
     site.cancel_jobs(ids)          stop scheduler jobs through the provider
+    site.preflight_warnings()      lines to print before submitting (what only the machine can tell)
     site.dry_run(script_dir)       (batch script, submit commands) of the first block, or None
     site.renewed(excluded)         the site of a new block that avoids `excluded`, or None
 
@@ -26,7 +27,7 @@ import sys
 from abc import abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from campaign.stagebase import StrictModel
 
@@ -119,9 +120,9 @@ class Site(StrictModel):
         (`campaign.preflight` refuses a submission where one is not on PATH); none by default."""
         return ()
 
-    def spec_warnings(self, spec: Any) -> list[str]:
-        """What the facility advises against in `spec` on this site that only the machine can
-        confirm: one line each, "field: problem; fix" (`campaign.preflight` prints them)."""
+    def preflight_warnings(self) -> list[str]:
+        """What the site's options suggest will go badly where only the machine can tell (one
+        line each, "field: problem; fix"); `campaign.preflight` prints them, never refuses."""
         return []
 
     def workdir_warnings(self, workdir: Path, *, remote: bool) -> list[str]:

@@ -265,8 +265,8 @@ def dry_run_block(make_provider: Callable[[type], ExecutionProvider], provider_c
     captured: dict[str, Any] = {"commands": []}
 
     def execute_wait(self: Any, cmd: str, timeout: float | None = None) -> tuple[int, str, str]:
-        captured["commands"].append(cmd)
-        if cmd.startswith(("qsub", "sbatch")):
+        if cmd.startswith(("qsub", "sbatch")):  # as the provider would run it (e.g. in its submit_dir)
+            captured["commands"].append(getattr(self, "submit_command", str)(cmd))
             return 0, fake_job_output, ""
         return 1, "", "dry run: not run"
 
@@ -283,8 +283,7 @@ def dry_run_block(make_provider: Callable[[type], ExecutionProvider], provider_c
     stamped = captured["job_name"]  # the provider appends time.time(): show a placeholder
     base = stamped.rsplit(".", 2)[0]
     script = captured["script"].replace(stamped, f"{base}.{SUBMIT_TIME}")
-    commands = [c.replace(stamped, f"{base}.{SUBMIT_TIME}") for c in captured["commands"]
-                if c.startswith(("qsub", "sbatch"))]
+    commands = [c.replace(stamped, f"{base}.{SUBMIT_TIME}") for c in captured["commands"]]
     return script, commands
 
 

@@ -7,13 +7,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Literal
+import functools
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from campaign.executors import batch, queues
 
 if TYPE_CHECKING:
+    from parsl.config import Config
     from parsl.providers import PBSProProvider
 
 
@@ -64,18 +68,33 @@ class PBSSite(batch.BatchSite):
     leaves the environment as your modules set it."""
 
     def job_environment(self) -> list[str]:
-        """`COLLECTIVE_JOB_LINES` unless `collective_env: false`."""
-        return list(self.COLLECTIVE_JOB_LINES) if self.collective_env else []
+        """`cd` to the directory the job was submitted from (PBS Pro starts a job in $HOME;
+        ALCF's job scripts `cd ${PBS_O_WORKDIR}`), then `COLLECTIVE_JOB_LINES` unless
+        `collective_env: false`."""
+        return [CD_SUBMIT_DIR, *(self.COLLECTIVE_JOB_LINES if self.collective_env else ())]
 
-    def provider(self, cls: type | None = None) -> PBSProProvider:
-        """The site's PBSProProvider (`cls`: a subclass, for the dry run)."""
-        from parsl.providers import PBSProProvider
-
-        provider = (cls or PBSProProvider)(account=self.account, queue=self.queue, cpus_per_node=self.CPUS_PER_NODE,
-                                           select_options=self.SELECT_OPTIONS, scheduler_options=directives(self),
-                                           **batch.provider_kwargs(self))
+    def provider(self, cls: type | None = None, submit_dir: Path | None = None) -> PBSProProvider:
+        """The site's PBSProProvider (`cls`: a subclass, for the dry run) that runs `qsub` in
+        `submit_dir` (None: where the caller runs)."""
+        provider = (cls or submitting_provider())(account=self.account, queue=self.queue, cpus_per_node=self.CPUS_PER_NODE,
+                                                  select_options=self.SELECT_OPTIONS, scheduler_options=directives(self),
+                                                  **batch.provider_kwargs(self))
         provider.template_string = login_shell(provider.template_string)
+        provider.submit_dir = None if submit_dir is None else str(submit_dir)  # type: ignore[attr-defined]
         return provider
+
+    def parsl_config(self, run_dir: Path) -> Config:
+        """A fresh Config whose blocks are submitted from `run_dir` (the campaign's Parsl run
+        directory, under the work directory), not from wherever `campaign submit` was typed:
+        ALCF: "Jobs should be submitted only from your allocated project directory and not from
+        your home directory" (docs/sites.md)."""
+        return batch.parsl_config(self, self.provider(submit_dir=run_dir), run_dir)
+
+    def dry_run(self, script_dir: Path) -> tuple[str, list[str]] | None:
+        """The first block's script and `qsub` line, run in the Parsl run directory
+        (`script_dir` is RUN_DIR/000/submit_scripts, Parsl's layout)."""
+        return batch.dry_run_block(lambda cls: self.provider(cls, submit_dir=script_dir.parent.parent),
+                                   type(self.provider()), self, script_dir, self.dry_run_job_output)
 
     @property
     def dry_run_job_output(self) -> str:
@@ -95,6 +114,33 @@ class PBSSite(batch.BatchSite):
         approximate largest sizes, queues not in the table."""
         table = queues.TABLES.get(str(getattr(self, "kind")))
         return queues.check(table, self.queue, self.block_nodes, self.walltime_s)[1] if table else []
+
+
+CD_SUBMIT_DIR = 'if [ -n "${PBS_O_WORKDIR:-}" ]; then cd "$PBS_O_WORKDIR"; fi'
+"""The job's first line after `worker_init`: work where the job was submitted from."""
+
+
+def in_dir(folder: str | None, cmd: str) -> str:
+    """`cmd` run in `folder` (a shell command line, as Parsl's `execute_wait` runs it)."""
+    return f"cd {shlex.quote(folder)} && {cmd}" if folder else cmd
+
+
+@functools.cache
+def submitting_provider() -> type:
+    """Parsl's PBSProProvider, whose `qsub` runs in its `submit_dir` (Parsl runs it wherever
+    the driver was started, so PBS_O_WORKDIR would be that folder, e.g. $HOME)."""
+    from parsl.providers import PBSProProvider
+
+    class SubmitFromDir(PBSProProvider):  # type: ignore[misc]
+        submit_dir: str | None = None
+
+        def submit_command(self, cmd: str) -> str:
+            return in_dir(self.submit_dir, cmd) if cmd.startswith("qsub") else cmd
+
+        def execute_wait(self, cmd: str, timeout: float | None = None) -> tuple[int, str, str]:
+            return super().execute_wait(self.submit_command(cmd), timeout)  # type: ignore[no-any-return]
+
+    return SubmitFromDir
 
 
 def directives(site: PBSSite) -> str:

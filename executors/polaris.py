@@ -39,8 +39,8 @@ RANKS_PER_NODE = 4
 DEPTH = 8
 CPU_BIND = "depth"
 # ALCF's NCCL page (https://docs.alcf.anl.gov/polaris/applications-and-libraries/libraries/nccl/,
-# argonne-lcf/user-guides docs/polaris/applications-and-libraries/libraries/nccl.md @ 38059a3e,
-# read 2026-12-05): "We have done extensive performance tests and identified the following
+# argonne-lcf/user-guides docs/polaris/applications-and-libraries/libraries/nccl.md @ ed3908de,
+# 2025-01-21): "We have done extensive performance tests and identified the following
 # best environment setup" (2-3x faster collectives through the aws-ofi-nccl plugin). The
 # page warns that some applications (Megatron-DeepSpeed) hang with the plugin:
 # `collective_env: false`.
@@ -60,8 +60,9 @@ PLUGIN_PATHS: tuple[str, ...] = ("/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib", 
 COLLECTIVE_JOB_LINES: tuple[str, ...] = tuple(f"export LD_LIBRARY_PATH={path}:$LD_LIBRARY_PATH"
                                               for path in PLUGIN_PATHS)
 # ALCF's Parsl page (https://docs.alcf.anl.gov/polaris/workflows/parsl/) sets no `address`
-# in its current version (docs/polaris/workflows/parsl.md @ f0a33231); the `bond0` advice of
-# its older "Updates" section ("needs to be set to address_by_interface("bond0")") is gone.
+# in its current version (docs/polaris/workflows/parsl.md @ fb0b8c2d, 2026-08-04); the `bond0`
+# advice of its older "Updates" section ("needs to be set to address_by_interface("bond0")",
+# removed in 1b11df2d, 2025-02-28) is gone.
 # So no default: Parsl offers every address it finds; `address_interface: bond0` still works.
 GPU_WRAPPER: tuple[str, ...] = (
     "bash",

@@ -10,7 +10,8 @@ recommendation (Polaris' "476-486 nodes" advice) or a queue
 is by request or preemptable, it is a warning, not a refusal. A queue not in the table (a
 reservation `R123456`, a new queue) is not checked (a warning says so).
 
-The tables change: re-read a page and update its `CHECKED` date and its numbers together.
+The tables change: re-read a page (argonne-lcf/user-guides, `git log -- <page>`) and update its
+`CHECKED` commit and its numbers together.
 Standard library only.
 """
 
@@ -20,8 +21,9 @@ from dataclasses import dataclass
 
 __all__ = ["Queue", "QueueTable", "TABLES", "check", "fitting"]
 
-CHECKED = {"aurora": "2026-12-05", "polaris": "2026-12-01"}
-"""When each page below was read (the queue tables change every few months)."""
+CHECKED = {"aurora": "user-guides 512a0056 of 2026-07-27", "polaris": "user-guides e30db64c of 2026-02-17"}
+"""The argonne-lcf/user-guides commit (and its date) of each page the tables follow: the page's
+newest commit in the copy read on 2026-12-07 (its newest commit overall is of 2026-08-19)."""
 
 
 @dataclass(frozen=True)
@@ -52,19 +54,18 @@ class QueueTable:
         return next((q for q in self.queues if q.name == name), None)
 
     def cite(self) -> str:
-        return f"ALCF, {self.source}, read {self.checked}"
+        return f"ALCF, {self.source}, {self.checked}"
 
 
 _H = 3600
 
-# https://docs.alcf.anl.gov/aurora/running-jobs-aurora/ "Queues", as it reads in 2026 (every
-# row and its source in docs/sites.md, "Aurora queues"): debug 1-2 nodes / 1 h; debug-scaling
-# 2-256 / 1 h (the page's row as of argonne-lcf/user-guides PR #1277, 2026-08-28:
-# "| debug-scaling  | 2        | 256        | 5 min    | 1 hr"); prod, a routing queue from
-# 256 nodes to small 256-1024 / 12 h, medium 1025-1999 / 18 h, large 2000-10,624 / 24 h
-# (PR #1210, 2026-06-12, "update to medium and large queues"; tiny and prod-large are gone);
-# capacity 1-16 nodes / 168 h (PR #1221, 2026-06-29; 512 nodes across all its jobs);
-# visualization 1-32 / 8 h by request. Temporary queues (next-eval, legacy) are left out.
+# https://docs.alcf.anl.gov/aurora/running-jobs-aurora/ "Queues" (docs/aurora/running-jobs-aurora.md
+# @ 512a0056, 2026-07-27; rows quoted in tests/unit/test_queues.py and docs/sites.md): debug 1-2
+# nodes / 1 h and debug-scaling 2-256 / 1 h (both rows as of ad0fb920, 2026-02-18); prod, a routing
+# queue from 256 nodes to small 256-1024 / 12 h (e30db64c, 2026-02-17), medium 1025-1999 / 18 h and
+# large 2000-10,624 / 24 h (9cf0711a, 2026-06-19); capacity 1-16 nodes / 168 h ("Max of 512 nodes
+# across all jobs": ccc0c97b, 2026-06-29); visualization 1-32 / 8 h by request. tiny went in
+# e30db64c, prod-large in bdf65a90 (2026-04-28). backfill-* (negative balance) are left out.
 AURORA = QueueTable("aurora", "https://docs.alcf.anl.gov/aurora/running-jobs-aurora/", CHECKED["aurora"], (
     Queue("debug", 1, 2, 1 * _H),
     Queue("debug-scaling", 2, 256, 1 * _H),
@@ -78,7 +79,7 @@ AURORA = QueueTable("aurora", "https://docs.alcf.anl.gov/aurora/running-jobs-aur
 ))
 
 # https://docs.alcf.anl.gov/polaris/running-jobs/ "Queues" (argonne-lcf/user-guides
-# docs/polaris/running-jobs/index.md @ 11dbfa65). prod routes to small/medium/large;
+# docs/polaris/running-jobs/index.md @ e30db64c, 2026-02-17). prod routes to small/medium/large;
 # Note 4: "it is recommended to submit jobs with a maximum node count of 476-486 nodes
 # given current rates of downed nodes (larger jobs may sit in the queue indefinitely)".
 POLARIS = QueueTable("polaris", "https://docs.alcf.anl.gov/polaris/running-jobs/", CHECKED["polaris"], (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ def _load(site: str) -> spec.CampaignSpec:
 
 
 @pytest.mark.parametrize("kind, queue, nodes, hours, ok", [
-    # Aurora, from ALCF's rules as docs/sites.md quotes them ("Aurora queues", read 2026-12-05),
+    # Aurora, from ALCF's rules as docs/sites.md quotes them (running-jobs-aurora.md @ 512a0056),
     # not from executors/queues.py: debug 1-2 nodes / 1 h; debug-scaling 2-256 / 1 h; prod from
     # 256 nodes, routing to small 256-1024 / 12 h, medium 1025-1999 / 18 h, large 2000-10,624 /
     # 24 h; capacity 1-16 / 7 days.
@@ -71,7 +72,7 @@ def test_the_error_names_field_range_source_and_the_queues_that_fit() -> None:
     text = str(err.value)
     assert "site.queue: the block asks for 2 nodes (nodes + spares) for 01:00:00" in text
     assert "polaris queue 'prod' takes 10-476/496 nodes" in text
-    assert "https://docs.alcf.anl.gov/polaris/running-jobs/" in text and "read 2026-12-01" in text
+    assert "https://docs.alcf.anl.gov/polaris/running-jobs/" in text and "user-guides e30db64c of 2026-02-17" in text
     assert "queues that take it: debug, debug-scaling" in text and "(q.yaml, line 5)" in text
 
 
@@ -126,3 +127,51 @@ def test_every_queue_has_sane_numbers() -> None:
             if q.routes:
                 assert q.routes[0].min_nodes == q.min_nodes and q.routes[-1].max_nodes == q.max_nodes
                 assert all(a.max_nodes + 1 == b.min_nodes for a, b in zip(q.routes, q.routes[1:]))
+
+
+# The pages' own rows, verbatim (the Notes column cut after the time limits), each page at the
+# argonne-lcf/user-guides commit in queues.CHECKED. Aurora: docs/aurora/running-jobs-aurora.md @ 512a0056.
+AURORA_ROWS = """\
+| debug          | 1        | 2          | 5 min    | 1 hr             |
+| debug-scaling  | 2        | 256        | 5 min    | 1 hr             |
+| prod           | 256      | 10,624[^1] | 5 min    | 24 hrs           |
+| capacity       | 1        | 16         | 5 min    | 7 days (168 hrs) |
+| visualization  | 1        | 32         | 5 min    | 8 hrs            |
+| small           | 256      | 1024       | 5 min    | 12 hrs   |
+| medium          | 1025     | 1999       | 5 min    | 18 hrs   |
+| large           | 2000     | 10,624[^1] | 5 min    | 24 hrs   |
+"""
+# Polaris: docs/polaris/running-jobs/index.md @ e30db64c.
+POLARIS_ROWS = """\
+| debug         | 1        | 2        | 5 min    | 1 hr     |
+| debug-scaling | 1        | 10       | 5 min    | 1 hr     |
+| prod          | 10       | 496      | 5 min    | 24 hrs   |
+| *preemptable*   | 1        | 10       | 5 min    | 72 hrs   |
+| *demand*        | 1        | 56       | 5 min    | 1 hr     |
+| *capacity*        | 1        | 4       | 5 min    | 168 hrs     |
+| small           | 10       | 24       | 5 min    | 3 hrs    ||
+| medium          | 25       | 99       | 5 min    | 6 hrs    ||
+| large           | 100      | 496      | 5 min    | 24 hrs   ||
+"""
+
+
+def _page_rows(text: str) -> dict[str, tuple[int, int, int, int]]:
+    """name: (min nodes, max nodes, min walltime s, max walltime s) from the page's table rows."""
+    def seconds(cell: str) -> int:
+        m = re.search(r"(\d+) (min|hrs?)\)?$", cell.strip())
+        assert m, cell
+        return int(m.group(1)) * (60 if m.group(2) == "min" else 3600)
+
+    rows = {}
+    for line in text.splitlines():
+        name, lo, hi, tmin, tmax = (c.strip() for c in line.strip("|").split("|")[:5])
+        rows[name.strip("*")] = (int(lo), int(re.sub(r"\[.*\]|,", "", hi)), seconds(tmin), seconds(tmax))
+    return rows
+
+
+@pytest.mark.parametrize("machine, rows", [("aurora", AURORA_ROWS), ("polaris", POLARIS_ROWS)])
+def test_every_queue_row_is_the_pages_row(machine: str, rows: str) -> None:
+    table = queues.TABLES[machine]
+    ours = {q.name: (q.min_nodes, q.max_nodes, q.min_walltime_s, q.max_walltime_s)
+            for q in table.queues + tuple(r for q in table.queues for r in q.routes)}
+    assert ours == _page_rows(rows)

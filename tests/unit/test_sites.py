@@ -14,7 +14,7 @@ import yaml
 
 from campaign.errors import SiteError, SpecError
 from campaign import executors, spec, walltime
-from campaign.executors import aurora, batch, polaris
+from campaign.executors import aurora, batch, pbs, polaris
 from campaign.executors.base import LaunchOptions, Site
 from campaign.executors.aurora import AuroraSite
 from campaign.executors.polaris import PolarisSite
@@ -81,20 +81,17 @@ def _job_env(worker_init: str, env: dict[str, str]) -> dict[str, str]:
 
 def test_aurora_ranks_get_the_oneccl_environment_alcf_lists_today_which_env_overrides() -> None:
     # https://docs.alcf.anl.gov/aurora/data-science/frameworks/oneCCL/ "oneCCL environment variables"
-    # (read 2026-12-05; docs/sites.md quotes the block): the first block, whole. The pre-2025
-    # "mandatory" list's CCL_ALLREDUCE=topo / CCL_ALLREDUCE_SCALEOUT=rabenseifner are gone.
+    # (oneCCL.md @ f2eb40a6, 2026-03-17): the minimal set and the tuning block; the page's own
+    # lines are run against the rendered job in tests/unit/test_alcf_facts.py. Here: `env` overrides
+    # one, and `collective_env: false` leaves the ranks and the job without them.
     env = AuroraSite(account="p").launch_options().env
-    page = {"CCL_PROCESS_LAUNCHER": "pmix", "CCL_ATL_TRANSPORT": "mpi",
-            "CCL_ALLREDUCE_SCALEOUT": "direct:0-1048576;rabenseifner:1048577-max", "CCL_BCAST": "double_tree",
-            "CCL_KVS_MODE": "mpi", "CCL_CONFIGURATION_PATH": "", "CCL_CONFIGURATION": "cpu_gpu_dpcpp",
-            "CCL_KVS_CONNECTION_TIMEOUT": "600", "CCL_ZE_CACHE_OPEN_IPC_HANDLES_THRESHOLD": "1024",
-            "CCL_KVS_USE_MPI_RANKS": "1"}
-    assert {k: v for k, v in env.items() if k.startswith("CCL_")} == page
-    assert "FI_MR_CACHE_MONITOR" not in env  # the page lists it (=disabled) as application-dependent only
+    assert env["FI_MR_CACHE_MONITOR"] == "userfaultfd" and env["CCL_KVS_MODE"] == "mpi"
+    assert "CCL_CONFIGURATION_PATH" not in env  # exported in the job's shell, as the page does
     mine = AuroraSite(account="p", env={"CCL_KVS_CONNECTION_TIMEOUT": "1200"}).launch_options().env
     assert mine["CCL_KVS_CONNECTION_TIMEOUT"] == "1200" and mine["CCL_KVS_MODE"] == "mpi"
     off = AuroraSite(account="p", collective_env=False)
-    assert off.launch_options().env == {"ZE_FLAT_DEVICE_HIERARCHY": "FLAT"} and off.job_environment() == []
+    assert off.launch_options().env == {"ZE_FLAT_DEVICE_HIERARCHY": "FLAT", "ZE_ENABLE_PCI_ID_DEVICE_ORDER": "1"}
+    assert off.job_environment() == [pbs.CD_SUBMIT_DIR]
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash not available")
@@ -110,7 +107,7 @@ def test_aurora_jobs_run_the_pages_shell_lines_after_the_users_modules() -> None
 
 
 def test_polaris_ranks_get_alcfs_nccl_environment_and_its_plugin_on_the_library_path(tmp_path: Path) -> None:
-    # https://docs.alcf.anl.gov/polaris/applications-and-libraries/libraries/nccl/ (read 2026-12-05):
+    # https://docs.alcf.anl.gov/polaris/applications-and-libraries/libraries/nccl/ (nccl.md @ ed3908de, 2025-01-21):
     # NCCL_NET="AWS Libfabric" with "export LD_LIBRARY_PATH=/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:$LD_LIBRARY_PATH"
     # and "export LD_LIBRARY_PATH=/soft/libraries/hwloc/lib/:$LD_LIBRARY_PATH".
     site = PolarisSite(account="p", worker_init="export LD_LIBRARY_PATH=/soft/conda/lib")
@@ -123,7 +120,7 @@ def test_polaris_ranks_get_alcfs_nccl_environment_and_its_plugin_on_the_library_
 
 
 def test_polaris_workers_connect_on_every_address_unless_told_an_interface(tmp_path: Path) -> None:
-    # https://docs.alcf.anl.gov/polaris/workflows/parsl/ (read 2026-12-05) sets no `address`;
+    # https://docs.alcf.anl.gov/polaris/workflows/parsl/ (parsl.md @ fb0b8c2d, 2026-08-04) sets no `address`;
     # its old bond0 advice is gone. A named interface this host lacks is a clear error.
     site = PolarisSite(account="p")
     assert site.address_interface is None and batch.worker_address(site) is None
@@ -174,7 +171,7 @@ def test_pbs_parsl_config_is_fresh_one_block_one_worker(tmp_path: Path) -> None:
     assert "#PBS -l filesystems=home:flare" in p.scheduler_options and "place=scatter" in p.scheduler_options
     # the user's init runs after ours (it wins), then ALCF's shell lines that need its modules
     lines = p.worker_init.splitlines()
-    assert lines[lines.index("module load frameworks") + 1:] == list(aurora.COLLECTIVE_JOB_LINES)
+    assert lines[lines.index("module load frameworks") + 1:] == [pbs.CD_SUBMIT_DIR, *aurora.COLLECTIVE_JOB_LINES]
     assert a.strategy == "simple"  # a new block when the old one reached its walltime
 
 
@@ -319,7 +316,7 @@ def test_submit_without_the_polaris_interface_stops_before_the_ledger(tmp_path: 
 @pytest.mark.parametrize("kind", ["aurora", "polaris"])
 def test_pbs_jobs_start_a_login_shell_so_worker_init_can_use_module(tmp_path: Path, kind: str) -> None:
     # ALCF's sample job scripts start `#!/bin/bash -l` (docs.alcf.anl.gov/aurora/workflows/parsl/,
-    # read 2026-12-05): `module` is a shell function defined by the login profile (Parsl issue 3538),
+    # parsl.md @ dc465358): `module` is a shell function defined by the login profile (Parsl issue 3538),
     # and `#PBS -S /bin/bash` would name the shell without -l. Here the script runs by its own #!
     # line, with a profile that defines `module` as the login scripts of the machines do.
     home = tmp_path / "home"
@@ -338,7 +335,7 @@ def test_pbs_jobs_start_a_login_shell_so_worker_init_can_use_module(tmp_path: Pa
 
 
 @pytest.mark.parametrize("ranks, alcf", [
-    # docs.alcf.anl.gov/aurora/running-jobs-aurora/ (read 2026-12-05), verbatim
+    # docs.alcf.anl.gov/aurora/running-jobs-aurora/ (running-jobs-aurora.md @ 512a0056, 2026-07-27), verbatim
     (12, "list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100"),
     (6, "list:1-16:17-32:33-48:53-68:69-84:85-100"),
 ])
@@ -376,9 +373,9 @@ def test_slurm_refuses_closest_gpu_binding_that_would_give_a_rank_two_gpus() -> 
 
 
 def test_aurora_workers_connect_over_hsn0_where_the_drivers_host_has_it(tmp_path: Path) -> None:
-    # Issue 26: ALCF's Aurora Parsl page uses the hsn0 address since 2026-07 (not in the copies
-    # read here: docs/sites.md). Taken only where the host has hsn0, so a host without it (this
-    # one, or a login node) keeps Parsl's every-address default instead of failing.
+    # ALCF's Aurora Parsl page uses the hsn0 address since dc465358 (2026-07-16; the quote's test:
+    # test_alcf_facts.py). Taken only where the host has hsn0, so a host without it (this one)
+    # keeps Parsl's every-address default, with a preflight warning, instead of failing.
     site = AuroraSite(account="p")
     assert batch.worker_address(site) is None  # no hsn0 here
 
