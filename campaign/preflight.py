@@ -140,7 +140,7 @@ def check(spec: Any, source: Source, *, ledger: LedgerView | None, workdir: Path
     the scheduler and the ledger are checked on the endpoint's host instead)."""
     found = [*placeholders(source), *warnings(spec, source)]
     if workdir is not None:
-        found += [Finding("--workdir", w, refuse=False) for w in spec.site.workdir_warnings(workdir, remote=not here)]
+        found += [_warning(w, source) for w in spec.site.workdir_warnings(workdir, remote=not here)]
     if here:
         held = {f.field for f in found if f.refuse}  # a placeholder says all there is to say of its field
         found += [f for f in (*references(spec, source, ledger, remote=remote), *data_paths(spec, source, remote=remote),
@@ -252,11 +252,17 @@ def warnings(spec: Any, source: Source) -> Iterator[Finding]:
     from campaign.contract import custom_trainer_warnings
 
     for line in [*walltime.warnings(spec), *custom_trainer_warnings(spec), *spec.site.preflight_warnings()]:
-        field, sep, rest = line.partition(": ")
-        if sep and re.fullmatch(r"[A-Za-z_][\w.\[\]]*", field):
-            yield Finding(field, rest, refuse=False, line=source.line(*_parse_dotted(field)))
-        else:
-            yield Finding("spec", line, refuse=False)
+        yield _warning(line, source)
+
+
+def _warning(line: str, source: Source) -> Finding:
+    """A warning line "field: problem" (a dotted field of the spec, or an option like `--workdir X`)."""
+    field, sep, rest = line.partition(": ")
+    if sep and re.fullmatch(r"[A-Za-z_][\w.\[\]]*", field):
+        return Finding(field, rest, refuse=False, line=source.line(*_parse_dotted(field)))
+    if sep and field.startswith("--"):
+        return Finding(field, rest, refuse=False)
+    return Finding("spec", line, refuse=False)
 
 
 # --- helpers ---------------------------------------------------------------------------------------

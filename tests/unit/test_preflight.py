@@ -199,3 +199,18 @@ def test_an_endpoint_submission_runs_the_preflight_on_the_endpoint_host_first(tm
                                  filename="remote-pf.yaml", workdir=str(wd))
     assert answer["ok"] is False and f"data.path: {tmp_path / 'none.bin'} does not exist;" in answer["error"]
     assert not wd.exists()
+
+
+def test_what_only_the_machine_can_tell_is_a_warning_not_a_refusal(run_cli, tmp_path):
+    """Copper off at 1000 nodes with the venv on Lustre, and a work directory in $HOME: the
+    site's own advice (executors/aurora.py, quoted from ALCF's pages), printed, never refused."""
+    spec, _ = _filled(tmp_path)
+    text = spec.read_text().replace("nodes: 512 ", "nodes: 1000").replace("copper: auto", "copper: false")
+    spec.write_text(text.replace("stage_run: auroragpt-2b-reference/loss-check", "record: true"))
+    code, out, _ = run_cli("validate", "--preflight", spec, "--workdir", Path.home() / "campaigns",
+                           env={"PATH": _bin(tmp_path, *PBS_COMMANDS)})
+    assert code == 0, out
+    warned = [line[len("  warn    "):] for line in out.splitlines() if line.startswith("  warn")]
+    assert any(w.startswith("site.copper: off for 1000 nodes while Python imports from /lus/flare/projects/"
+                            "datascience/venvs/campaign") for w in warned), warned
+    assert any(w.startswith(f"--workdir {Path.home() / 'campaigns'}: it is under your home directory") for w in warned)
