@@ -20,6 +20,7 @@ site has are refused earlier, by the spec's own validation (`campaign validate`)
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 from collections.abc import Iterator
@@ -239,11 +240,14 @@ def scheduler(spec: Any, source: Source) -> Iterator[Finding]:
 
 
 def site_host(spec: Any, source: Source) -> Iterator[Finding]:
-    """What only this host can tell about the site (`Site.preflight`: a network interface)."""
+    """What only the driver's host can tell about the site: `Site.preflight` refuses (a named
+    network interface it lacks), `Site.preflight_warnings` advises (Copper, hsn0)."""
     try:
         spec.site.preflight()
     except CampaignError as e:
-        yield Finding("site", " ".join(str(e).split()), line=source.line("site"))
+        yield dataclasses.replace(_warning(" ".join(str(e).split()), source), refuse=True)
+    for line in spec.site.preflight_warnings():
+        yield _warning(line, source)
 
 
 def warnings(spec: Any, source: Source) -> Iterator[Finding]:
@@ -251,7 +255,7 @@ def warnings(spec: Any, source: Source) -> Iterator[Finding]:
     from campaign import walltime
     from campaign.contract import custom_trainer_warnings
 
-    for line in [*walltime.warnings(spec), *custom_trainer_warnings(spec), *spec.site.preflight_warnings()]:
+    for line in [*walltime.warnings(spec), *custom_trainer_warnings(spec)]:
         yield _warning(line, source)
 
 

@@ -279,8 +279,8 @@ def test_a_remote_aurora_submit_without_workdir_runs_on_flare(tmp_path: Path, ru
     would reach the Globus Compute endpoint; what the CLI hands it is what is checked."""
     from campaign import remote
 
-    spec = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "auroragpt-2b.yaml").read_text())
-    spec["site"]["account"] = "AuroraGPT"
+    example = (Path(__file__).resolve().parents[2] / "examples" / "auroragpt-2b.yaml").read_text()
+    spec = yaml.safe_load(example.replace("YOUR_PROJECT", "AuroraGPT"))  # the preflight refuses placeholders
     path = tmp_path / "a.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     sent: list[Path] = []
@@ -308,7 +308,8 @@ def test_submit_without_the_polaris_interface_stops_before_the_ledger(tmp_path: 
     with_bond0.write_text(example.read_text().replace("  kind: polaris\n", "  kind: polaris\n  address_interface: bond0\n"))
     code, out, err = run_cli("submit", with_bond0, "--workdir", workdir)
     assert code == 2, err
-    assert "error: site.address_interface: no address for interface 'bond0' on this host" in err
+    assert "preflight refused the submission" in err  # the list, one line a problem
+    assert "\n  site.address_interface: no address for interface 'bond0' on this host" in err
     assert "Traceback" not in err and not workdir.exists()
 
 
