@@ -570,7 +570,7 @@ def plot(names: tuple[str, ...], db_url: str | None, workdir: Path, kind: str, o
 @click.option("--interval", type=click.FloatRange(min=1), default=30.0, show_default=True, metavar="S",
               help="Seconds between rewrites with --watch.")
 @click.option("--count", type=click.IntRange(min=1), metavar="N", help="With --watch: stop after N writes.")
-@click.option("--max-points", type=click.IntRange(min=10), default=2000, show_default=True,
+@click.option("--max-points", type=click.IntRange(min=10), default=2000, show_default=True, metavar="N",
               help="Points per plot, sampled in the database.")
 @_errors
 def report(name: str, db_url: str | None, workdir: Path, out: Path, watch: bool, interval: float, count: int | None,

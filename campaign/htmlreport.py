@@ -87,14 +87,19 @@ def _header(data: dict[str, Any], refresh_s: float | None) -> str:
     warn = "".join(f'<p class="warning">warning: {e(w)}</p>' for w in d.get("warnings") or [])
     tokens = sum(st["tokens"] or 0 for st in d["stages"])
     passed = sum(st["state"] == "passed" for st in d["stages"])
-    facts = [f"{passed} of {len(d['stages'])} stages passed", _count(len(d.get("attempts_detail") or []), "attempt"),
-             _count(len(data["faults"]), "fault"), _count(len(data["exclusions"]), "excluded node"),
-             f"{fmt_tokens(tokens)} tokens"]
+    facts = [e(f"{passed} of {len(d['stages'])} stages passed"),
+             _link("attempts", _count(len(d.get("attempts_detail") or []), "attempt")),
+             _link("faults", _count(len(data["faults"]), "fault")),
+             _link("exclusions", _count(len(data["exclusions"]), "excluded node")), e(f"{fmt_tokens(tokens)} tokens")]
     g = d.get("goodput") or {}
     goodput = f'<p class="goodput"><b>goodput</b> {e(goodput_line(g))}</p>\n' if g.get("wall_s") else ""
     return (f'<header><h1>campaign {e(d["name"])} {_state(d["state"])}</h1>\n'
             f'<p class="meta">{" · ".join(meta)}</p>\n'
-            f'<p class="facts">{" · ".join(e(f) for f in facts)}</p>\n{goodput}{warn}</header>')
+            f'<p class="facts">{" · ".join(facts)}</p>\n{goodput}{warn}</header>')
+
+
+def _link(section: str, text: str) -> str:
+    return f'<a href="#{section}">{e(text)}</a>'
 
 
 def _count(n: int, noun: str) -> str:
