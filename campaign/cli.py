@@ -123,6 +123,10 @@ def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, as_json
     from campaign import reference, walltime
 
     reference.check_files(spec.stages, file.parent)
+    if not endpoint:  # the token file's sidecar (dtype, vocabulary) against the spec, where it is visible
+        from campaign.train import tokenfile
+
+        tokenfile.check_visible(spec.model, spec.data)
 
     remote_default = spec.site.remote_workdir() if endpoint else None
     if remote_default is not None and click.get_current_context().get_parameter_source("workdir") \

@@ -104,12 +104,17 @@ def resolve(cfg: Any) -> Any:
     """A TrainerConfig with `data.dtype` and `model.vocab_size` taken from the token
     file's sidecar where the spec leaves them unset (the same config when there is none to
     read). Raises DataError when the spec contradicts the sidecar."""
-    data, model = cfg.data, cfg.model
+    model, data = resolve_parts(cfg.model, cfg.data)
+    return cfg if (model, data) == (cfg.model, cfg.data) else cfg.model_copy(update={"model": model, "data": data})
+
+
+def resolve_parts(model: Any, data: Any) -> tuple[Any, Any]:
+    """`resolve` on a ModelConfig and a DataConfig (the spec's sections)."""
     if data.source != "file":
-        return cfg
+        return model, data
     info = read_sidecar(data.path)
     if info is None:
-        return cfg if data.dtype else cfg.model_copy(update={"data": data.model_copy(update={"dtype": "uint16"})})
+        return model, (data if data.dtype else data.model_copy(update={"dtype": "uint16"}))
     side = sidecar_path(data.path)
     if data.dtype and data.dtype != info.dtype:
         raise DataError(f"data.dtype is {data.dtype} but {side} says the file holds {info.dtype}: "
@@ -118,9 +123,15 @@ def resolve(cfg: Any) -> Any:
         raise DataError(f"model.vocab_size {model.vocab_size} is smaller than the vocabulary of {data.path} "
                         f"({info.vocab_size}, from {side}): leave model.vocab_size out (the sidecar sets it) "
                         "or make it larger")
-    return cfg.model_copy(update={
-        "data": data.model_copy(update={"dtype": info.dtype}),
-        "model": model.model_copy(update={"vocab_size": model.vocab_size or info.vocab_size})})
+    return (model.model_copy(update={"vocab_size": model.vocab_size or info.vocab_size}),
+            data.model_copy(update={"dtype": info.dtype}))
+
+
+def check_visible(model: Any, data: Any) -> None:
+    """Before a submission: where the token file is visible from here (an absolute path that
+    exists), refuse a spec its sidecar contradicts; elsewhere the trainer checks it."""
+    if data.source == "file" and os.path.isabs(data.path) and os.path.exists(data.path):
+        resolve_parts(model, data)
 
 
 def check_window(window: np.ndarray, vocab_size: int, path: str, start: int) -> None:

@@ -236,3 +236,24 @@ def test_nanogpt_train_bin_is_read_as_it_is_and_ids_past_the_vocabulary_stop_the
                  world=1, name="gpt2")
     assert run.wait() == [93], run.logs()
     assert "campaign.train: bad data: " in run.logs() and "outside the model's vocabulary (256)" in run.logs()
+
+
+def test_submit_refuses_a_spec_that_contradicts_the_sidecar_before_anything_runs(tmp_path):
+    import yaml
+
+    tokenfile.prepare_text([_write(tmp_path / "a.txt", "x" * 500)], tmp_path / "t.bin", "uint32")
+    spec = {"name": "tok", "site": {"kind": "local", "nodes": 1}, "model": {"size": "tiny"},
+            "data": {"source": "file", "path": str(tmp_path / "t.bin"), "dtype": "uint16"},
+            "stages": [{"name": "smoke", "kind": "smoke", "steps": 2}]}
+    (tmp_path / "tok.yaml").write_text(yaml.safe_dump(spec))
+    work = tmp_path / "campaigns"
+    for args in (["--dry-run"], []):
+        r = CliRunner().invoke(main, ["submit", str(tmp_path / "tok.yaml"), "--workdir", str(work), *args])
+        assert r.exit_code == 2, r.output
+        assert r.output.strip().splitlines() == [f"error: data.dtype is uint16 but {tmp_path / 't.bin.json'} says "
+                                                 "the file holds uint32: leave data.dtype out (the sidecar sets it)"]
+        assert not work.exists()
+    spec["data"].pop("dtype")
+    (tmp_path / "tok.yaml").write_text(yaml.safe_dump(spec))
+    r = CliRunner().invoke(main, ["submit", str(tmp_path / "tok.yaml"), "--workdir", str(work), "--dry-run"])
+    assert r.exit_code == 0, r.output
