@@ -229,7 +229,7 @@ def _evidence(ev: Any) -> str:
         elif isinstance(v, float):
             text = fmt_value(v)
         elif isinstance(v, dict) and all(not isinstance(x, (dict, list)) for x in v.values()):
-            text = " · ".join(f"{k2} {fmt_value(x) if isinstance(x, float) else x}" for k2, x in v.items())
+            text = " · ".join(f"{k2} {_scalar(k2, x)}" for k2, x in v.items())
         else:
             text = json.dumps(v, default=str)
         if len(text) > MAX_VALUE_CHARS:
@@ -237,6 +237,13 @@ def _evidence(ev: Any) -> str:
         value = f"<pre>{e(text)}</pre>" if "\n" in text or len(text) > 80 else f"<span>{e(text)}</span>"
         items.append(f"<dt>{e(k)}</dt><dd>{value}</dd>")
     return f'<dl class="evidence">{"".join(items)}</dl>'
+
+
+def _scalar(key: str, v: Any) -> str:
+    """A value inside an evidence dict: epoch seconds (`*_at`) as a UTC time, floats short."""
+    if key.endswith("_at") and isinstance(v, (int, float)) and v > 1e9:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(v))
+    return fmt_value(v) if isinstance(v, float) else str(v)
 
 
 def _short(v: Any) -> str:
@@ -410,7 +417,7 @@ dl.evidence { display: grid; grid-template-columns: max-content 1fr; gap: 2px 12
 dl.evidence dt { color: var(--muted); }
 dl.evidence dd { margin: 0; min-width: 0; }
 pre { margin: 0; padding: 6px 8px; background: #f6f8fa; border-radius: 4px; white-space: pre-wrap;
-      word-break: break-all; font-size: 12px; max-height: 320px; overflow: auto; }
+      overflow-wrap: anywhere; font-size: 12px; max-height: 320px; overflow: auto; }
 .none { color: var(--muted); font-style: italic; }
 footer { margin: 30px auto 24px; font-size: 12px; }
 """
