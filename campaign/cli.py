@@ -513,7 +513,7 @@ def data_prepare(texts: tuple[Path, ...], out_path: Path, tokenizer_file: Path |
     file without OUT.json (nanoGPT's train.bin / val.bin) is read as it is: uint16, or `data.dtype`."""
     from campaign.train import tokenfile
 
-    if out_path.exists() and out_path.resolve() in {t.resolve() for t in texts}:
+    if out_path.exists() and out_path.resolve() in {t.resolve() for t in (*texts, tokenizer_file) if t}:
         raise CampaignError(f"--out {out_path} is one of the input files")
     if eos is not None and tokenizer_file is None:
         raise click.UsageError("--eos goes with --tokenizer (the byte-level tokenizer ends a document with 0)")
