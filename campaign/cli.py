@@ -4,6 +4,7 @@
     campaign status [NAME] [--json]            what the ledger says (no Parsl, no torch: instant)
     campaign status NAME --watch               refresh until the campaign stops running
     campaign plot NAME... --kind progress      loss vs tokens (or scaling, steps) as PNG
+    campaign report NAME --html OUT.html       one self-contained page (plots inline) to mail or publish
     campaign ledger export|import-reference    steps/attempts/nodes as CSV/JSON; reference curves in
     campaign resume NAME                       continue after the driver died, from the ledger alone
     campaign cancel NAME                       stop a running campaign cleanly
@@ -11,6 +12,7 @@
     campaign check-trainer FILE                run your trainer briefly; what the trainer contract misses, with fixes
     campaign db upgrade|current                manage the ledger's schema
     campaign nodes list|exclude|include        the nodes the ledger tells every campaign not to use
+    campaign data prepare TEXTS --out OUT      a token file (byte-level, or --tokenizer tokenizer.json)
 
     --endpoint UUID on submit, status, plot, ledger export and cancel runs them through a Globus
     Compute endpoint on the machine's login node (campaign.remote; docs/remote.md).
@@ -512,21 +514,41 @@ def data() -> None:
 @data.command("prepare")
 @click.argument("texts", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Token file to write (flat memmap, the usual .bin layout).")
-@click.option("--dtype", type=click.Choice(["uint16", "uint32"]), default="uint16", show_default=True,
-              help="Element type of the token file.")
+              help="Token file to write (flat memmap, the usual .bin layout), and its sidecar OUT.json.")
+@click.option("--tokenizer", "tokenizer_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A Hugging Face tokenizer.json (GPT-2's, Llama's, your own) to encode with; needs the "
+                   "`data` extra (pip install 'campaign[data]'). Default: the byte-level tokenizer.")
+@click.option("--dtype", type=click.Choice(["uint16", "uint32"]),
+              help="Element type of the token file. Default: uint16 when the vocabulary fits (at most 65,536 "
+                   "ids), else uint32.")
+@click.option("--eos", metavar="TOKEN",
+              help="With --tokenizer: the token written after each file (default: the first of <|endoftext|>, "
+                   "<|end_of_text|>, </s>, <eos>, <|eot_id|>, [SEP] the tokenizer has; '' for none).")
 @_errors
-def data_prepare(texts: tuple[Path, ...], out_path: Path, dtype: str) -> None:
-    """Turn TEXTS (UTF-8 or any bytes) into one token file with the byte-level tokenizer
-    (token = byte + 1, 0 between documents; vocabulary 257). Use it as
-    `data: {source: file, path: OUT, dtype: DTYPE}` with `model: {vocab_size: 257}` or more."""
-    from campaign.train.data import prepare_text
+def data_prepare(texts: tuple[Path, ...], out_path: Path, tokenizer_file: Path | None, dtype: str | None,
+                 eos: str | None) -> None:
+    """Turn TEXTS (each file one document) into one token file for the built-in trainer.
 
-    if out_path.exists() and out_path.resolve() in {t.resolve() for t in texts}:
+    \b
+    campaign data prepare corpus/*.txt --out train.bin --tokenizer tokenizer.json
+    campaign data prepare corpus/*.txt --out train.bin          # byte-level: token = byte + 1, vocabulary 257
+
+    Next to OUT it writes OUT.json with the file's dtype, vocabulary size and token count.
+    Use it as `data: {source: file, path: OUT}`: the trainer takes the dtype from OUT.json and,
+    unless `model.vocab_size` is set, sizes the model's vocabulary to the tokenizer's. A token
+    file without OUT.json (nanoGPT's train.bin / val.bin) is read as it is: uint16, or `data.dtype`."""
+    from campaign.train import tokenfile
+
+    if out_path.exists() and out_path.resolve() in {t.resolve() for t in (*texts, tokenizer_file) if t}:
         raise CampaignError(f"--out {out_path} is one of the input files")
-    info = prepare_text(list(texts), out_path, dtype)
+    if eos is not None and tokenizer_file is None:
+        raise click.UsageError("--eos goes with --tokenizer (the byte-level tokenizer ends a document with 0)")
+    if tokenizer_file is None:
+        info = tokenfile.prepare_text(list(texts), out_path, dtype)
+    else:
+        info = tokenfile.prepare_tokenized(list(texts), out_path, tokenizer_file, dtype=dtype, eos=eos)
     click.echo(f"{info['path']}: {info['tokens']:,} tokens from {info['documents']} document(s), {info['dtype']}, "
-               f"vocabulary {info['vocab_size']}")
+               f"vocabulary {info['vocab_size']:,} ({info['tokenizer']}); sidecar {tokenfile.sidecar_path(out_path)}")
 
 
 @main.command()
@@ -565,6 +587,50 @@ def plot(names: tuple[str, ...], db_url: str | None, workdir: Path, kind: str, o
         finally:
             led.close()
     click.echo(str(commands.draw_plot(data, kind, out_dir, reference_file=reference_file, log_x=log_x)))
+
+
+@main.command()
+@click.argument("name")
+@_db_options
+@click.option("--html", "out", required=True, type=click.Path(dir_okay=False, path_type=Path), metavar="OUT.html",
+              help="The page to write (its folder is made if missing).")
+@click.option("--watch", is_flag=True,
+              help="Rewrite OUT.html every --interval seconds until the campaign stops running (Ctrl-C stops); "
+                   "each write replaces the file at once, and the page reloads itself meanwhile.")
+@click.option("--interval", type=click.FloatRange(min=1), default=30.0, show_default=True, metavar="S",
+              help="Seconds between rewrites with --watch.")
+@click.option("--count", type=click.IntRange(min=1), metavar="N", help="With --watch: stop after N writes.")
+@click.option("--max-points", type=click.IntRange(min=10), default=2000, show_default=True, metavar="N",
+              help="Points per plot, sampled in the database.")
+@_errors
+def report(name: str, db_url: str | None, workdir: Path, out: Path, watch: bool, interval: float, count: int | None,
+           max_points: int) -> None:
+    """Write campaign NAME as one self-contained HTML page to mail or put on a web space.
+
+    \b
+    campaign report long-run-7b --html report.html
+    campaign report long-run-7b --html ~/public_html/run.html --watch --interval 60
+
+    The page holds the stages with their verdicts and goodput, plots (loss against tokens,
+    step time and loss, goodput, scaling) as inline images, every attempt, each fault with
+    its evidence (the finding, the suspect nodes, the log lines), the excluded nodes and
+    the recent events. It loads nothing from anywhere and runs no script. Reads only the
+    ledger (no Parsl, no torch), like `campaign status`."""
+    from campaign import commands, htmlreport, names
+
+    names.check(name, "NAME")
+    led = _open(db_url, workdir, create=False)
+    try:
+        def fetch() -> dict[str, Any]:
+            return commands.report_data(led, name, max_points=max_points)
+
+        if watch:
+            htmlreport.watch(fetch, out, interval=interval, count=count, notify=lambda line: click.echo(line, err=True))
+        else:
+            htmlreport.write(out, htmlreport.render(fetch()))
+            click.echo(str(out))
+    finally:
+        led.close()
 
 
 @main.group()

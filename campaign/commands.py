@@ -189,6 +189,38 @@ def plot_data(ledger: Ledger, names: Sequence[str], kind: str = "progress", stag
         return out
 
 
+# --- report ----------------------------------------------------------------------------
+
+def report_data(ledger: Ledger, name: str, *, max_points: int = 2000, events: int = 200) -> dict[str, Any]:
+    """What `campaign report NAME --html` shows (JSON-ready; the ledger only): `detail`
+    (status NAME --json's shape with the newest `events` news), `faults` (every attempt
+    that did not succeed, with its evidence), `exclusions` (the site's, with evidence),
+    `progress` and `steps` (series downsampled in SQL), `generated`, `ledger`."""
+    import datetime as dt
+
+    from campaign import summary
+    from campaign.ledger import reads
+
+    with ledger.session() as s:
+        c = reads.require_campaign(s, name, ledger.display_url)
+        pairs = reads.list_attempts(s, c)
+        numbers = {a.id: f"{run.name} #{a.number}" for run, a in pairs}
+        busiest = reads.busiest_stage(s, c)
+        return {
+            "detail": summary.describe_campaign(s, c, events=events),
+            "faults": [reads.describe_fault(run, a) for run, a in pairs if a.state not in ("succeeded", "running")],
+            "exclusions": [{"node": x.node, "reason": x.reason, "since": reads.iso_time(x.created),
+                            "expires": reads.iso_time(x.expires), "attempt": numbers.get(x.attempt_id),
+                            "evidence": reads.jsonable(x.evidence or {})}
+                           for x in reads.list_exclusions(s, c.site)],
+            "progress": reads.sample_campaign_steps(s, c, max_points=max_points),
+            "steps": reads.sample_campaign_steps(s, c, max_points=max_points, columns=("loss", "step_time_s"),
+                                                 stage=busiest) if busiest else [],
+            "generated": dt.datetime.now(dt.timezone.utc).replace(tzinfo=None).isoformat(timespec="seconds"),
+            "ledger": ledger.display_url,
+        }
+
+
 def check_plot_names(patterns: Sequence[str]) -> None:
     """NAME arguments of `plot`: campaign names, wildcards allowed, never a path."""
     from campaign import names

@@ -9,6 +9,7 @@
     │   └── LeaseLost        another driver took this driver's lease: it stops, trainers untouched (exit 2)
     ├── SiteError            the site cannot provide what a stage asks for (exit 2)
     ├── WorkdirError         the work directory cannot be written (full, read-only) (exit 2)
+    ├── DataError            a token file, its sidecar, a tokenizer or a text corpus cannot be used (exit 2)
     └── RemoteError          a Globus Compute endpoint cannot be used: credentials, versions, reach (exit 2)
 """
 
@@ -55,6 +56,11 @@ class LeaseLost(CampaignConflict):
 
 class SiteError(CampaignError):
     """The site cannot provide what a stage asks for."""
+
+
+class DataError(CampaignError):
+    """Training data that cannot be used: a tokenizer file that is not one, an empty corpus,
+    a token file that its sidecar does not describe, a spec that contradicts the sidecar."""
 
 
 class WorkdirError(CampaignError):

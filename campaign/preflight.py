@@ -222,6 +222,13 @@ def data_paths(spec: Any, source: Source, *, remote: bool) -> Iterator[Finding]:
     path, problem = _resolve(spec.data.path, source.folder, remote=remote)
     if problem is None and not path.is_file():
         problem = f"{path} is a folder, not a token file"
+    if problem is None:  # its sidecar (dtype, vocabulary: `campaign data prepare`) against the spec
+        from campaign.train import tokenfile
+
+        try:
+            tokenfile.check_visible(spec.model, spec.data.model_copy(update={"path": str(path)}))
+        except CampaignError as e:
+            problem = " ".join(str(e).split())
     if problem:
         hint = "; `campaign data prepare TEXTS --out FILE` writes a token file" if problem.endswith("exist") else ""
         yield Finding("data.path", problem + hint, line=source.line("data", "path"))

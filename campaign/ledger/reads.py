@@ -115,6 +115,25 @@ def describe_attempt(run: StageRun, a: Attempt) -> dict[str, Any]:
             "detected_after_s": (a.summary or {}).get("detected_after_s"), "run_dir": a.run_dir or None}
 
 
+FAULT_KEYS = ("stall", "first_failure", "rescue", "stragglers")
+"""Keys of an attempt's summary shown as a fault's evidence (besides `error` and `finding`)."""
+
+
+def describe_fault(run: StageRun, a: Attempt) -> dict[str, Any]:
+    """An attempt that did not succeed, with what the evidence says (JSON-ready): its exit
+    class and code, `what` (the finding's message, else the error), the finding's rule and
+    signature, the suspect nodes with their reason and evidence, and the rest of the
+    summary's evidence (the stall, the first failure, the rescue)."""
+    summary = a.summary or {}
+    finding = summary.get("finding") if isinstance(summary.get("finding"), dict) else {}
+    return {"stage": run.name, "number": a.number, "label": a.label, "state": a.state, "exit_code": a.exit_code,
+            "finished": iso_time(a.finished), "what": finding.get("message") or summary.get("error"),
+            "rule": finding.get("rule"), "signature": finding.get("signature"),
+            "detected_after_s": summary.get("detected_after_s"), "killed_by": summary.get("killed_by"),
+            "suspects": [x for x in jsonable(a.suspects or []) if isinstance(x, dict)],
+            "evidence": jsonable({k: summary[k] for k in FAULT_KEYS if summary.get(k)})}
+
+
 def bad_rows_line(bad: dict[str, Any]) -> str:
     """What a user reads about an attempt's skipped rows (summary["bad_metric_rows"] or
     ["bad_event_rows"]): the count, the file, the first row's line and reason."""

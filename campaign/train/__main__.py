@@ -13,19 +13,24 @@ import sys
 import traceback
 
 from campaign import report
+from campaign.errors import DataError
 
 
 def _load_config(path: str):
     from pydantic import ValidationError
 
+    from campaign.train import tokenfile
     from campaign.train.config import TrainerConfig
 
     try:
         with open(path) as f:
-            return TrainerConfig.model_validate_json(f.read())
+            cfg = TrainerConfig.model_validate_json(f.read())
+        return tokenfile.resolve(cfg)  # the token file and its sidecar agree with the config, before any rank waits
     except (OSError, ValidationError) as exc:
         print(f"campaign.train: bad config {path}: {exc}", file=sys.stderr, flush=True)
-        sys.exit(report.EXIT_BAD_CONFIG)
+    except DataError as exc:
+        print(f"campaign.train: bad data: {exc}", file=sys.stderr, flush=True)
+    sys.exit(report.EXIT_BAD_CONFIG)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     rep.startup(dist.startup_check(env))
     try:
         code = loop.train(cfg, env, rep, stop)
+    except DataError as exc:  # a token id past the model's vocabulary: the same on every relaunch
+        print(f"campaign.train: bad data: {exc}", file=sys.stderr, flush=True)
+        return report.EXIT_BAD_CONFIG
     except Exception:
         if not stop.requested:
             raise

@@ -56,7 +56,8 @@ class ModelConfig(_Strict):
     d_model: int | None = Field(default=None, ge=8)
     """Width of the residual stream (overrides the size's value)."""
     vocab_size: int | None = Field(default=None, ge=2)
-    """Vocabulary size (overrides the size's value; must cover the data's token ids)."""
+    """Vocabulary size (overrides the size's value; must cover the data's token ids). Unset with a
+    token file from `campaign data prepare`: the file's vocabulary (its sidecar, FILE.json)."""
     seq_len: int | None = Field(default=None, ge=2)
     """Context length in tokens (overrides the size's value)."""
     activation: Literal["swiglu", "gelu"] = "swiglu"
@@ -71,9 +72,11 @@ class DataConfig(_Strict):
     source: Literal["synthetic", "file"] = "synthetic"
     """`synthetic`: a seeded Markov chain with a known entropy floor; `file`: a token file."""
     path: str | None = None
-    """Token file (flat uint16/uint32 memmap, the usual `.bin` layout) when source is `file`."""
-    dtype: Literal["uint16", "uint32"] = "uint16"
-    """Element type of the token file."""
+    """Token file (flat uint16/uint32 memmap, the usual `.bin` layout, e.g. nanoGPT's train.bin) when
+    source is `file`; `campaign data prepare` writes one with a sidecar (FILE.json) giving its dtype
+    and vocabulary."""
+    dtype: Literal["uint16", "uint32"] | None = None
+    """Element type of the token file. Unset: the sidecar's (FILE.json), else uint16 (nanoGPT's)."""
     seed: int = 1234
     """Seed of the sampler (and of the synthetic chain)."""
     synthetic_vocab: int = Field(default=256, ge=2)

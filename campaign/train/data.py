@@ -4,18 +4,18 @@ Sample j of the stream is a pure function of (seed, j), and the batch of (step, 
 rank) is a fixed slice of consecutive sample indices, so the data position saved in a
 checkpoint is just the number of samples consumed by all ranks.
 
-`prepare_text(paths, out_path, dtype)` turns text files into a token file with a byte-level
-tokenizer (byte + 1; 0 = end of document).
+Token files (their sidecar, the model's vocabulary, how `campaign data prepare` writes them)
+are campaign.train.tokenfile's.
 """
 
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
 
 import numpy as np
 import torch
+
+from campaign.train.tokenfile import check_window
 
 
 def entropy_floor(branching: int) -> float:
@@ -44,22 +44,28 @@ class MarkovSource:
 
 
 class FileSource:
-    """Random windows of a flat token file (np.memmap), the window of sample j seeded by j."""
+    """Random windows of a flat token file (np.memmap), the window of sample j seeded by j;
+    with `vocab_size`, each window's ids are checked to be below it (a file without a
+    sidecar may hold ids the model has no embedding for)."""
 
-    def __init__(self, path: str, dtype: str, seed: int) -> None:
+    def __init__(self, path: str, dtype: str, seed: int, vocab_size: int | None = None) -> None:
         self.tokens = np.memmap(path, dtype=np.dtype(dtype), mode="r")
-        self.seed = seed
+        self.path, self.seed, self.vocab_size = path, seed, vocab_size
 
     def sample(self, index: int, length: int) -> np.ndarray:
         if len(self.tokens) <= length:
             raise ValueError(f"token file has {len(self.tokens)} tokens; need > {length}")
         start = int(np.random.default_rng([self.seed, index]).integers(0, len(self.tokens) - length))
-        return np.asarray(self.tokens[start:start + length], dtype=np.int64)
+        window = np.asarray(self.tokens[start:start + length], dtype=np.int64)
+        if self.vocab_size is not None:
+            check_window(window, self.vocab_size, self.path, start)
+        return window
 
 
-def make_source(cfg) -> MarkovSource | FileSource:  # cfg: config.DataConfig
+def make_source(cfg, vocab_size: int | None = None) -> MarkovSource | FileSource:  # cfg: config.DataConfig
+    """The data source of a resolved config (tokenfile.resolve); `vocab_size`: the model's."""
     if cfg.source == "file":
-        return FileSource(cfg.path, cfg.dtype, cfg.seed)
+        return FileSource(cfg.path, cfg.dtype or "uint16", cfg.seed, vocab_size)
     return MarkovSource(cfg.synthetic_vocab, cfg.synthetic_branching, cfg.seed)
 
 
@@ -105,18 +111,3 @@ class Sampler:
 
     def advance(self) -> None:
         self.position += self.samples_per_step
-
-
-def prepare_text(paths: list[str | os.PathLike[str]], out_path: str | os.PathLike[str],
-                 dtype: str = "uint16") -> dict:
-    """Tokenize text files byte-wise (token = byte + 1; 0 separates documents) into a flat
-    token file. Returns {"path", "tokens", "documents", "dtype", "vocab_size"}."""
-    n_tokens = 0
-    with open(out_path, "wb") as out:
-        for p in paths:
-            data = np.frombuffer(Path(p).read_bytes(), dtype=np.uint8).astype(dtype) + 1
-            out.write(data.tobytes())
-            out.write(np.zeros(1, dtype=dtype).tobytes())
-            n_tokens += len(data) + 1
-    return {"path": str(out_path), "tokens": n_tokens, "documents": len(paths), "dtype": dtype,
-            "vocab_size": 257}

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from campaign import report
-from campaign.train import checkpoint, flops, rescue
+from campaign.train import checkpoint, flops, rescue, tokenfile
 from campaign.train.config import RunConfig, TrainConfig, TrainerConfig
 from campaign.train.data import Sampler, make_source
 from campaign.train.dist import DistEnv
@@ -87,6 +87,7 @@ class Trainer:
 
 
 def build(cfg: TrainerConfig, env: DistEnv) -> Trainer:
+    cfg = tokenfile.resolve(cfg)  # a token file's dtype and vocabulary, from its sidecar
     t = cfg.train
     seed_everything(t, env.device)
     shape = shape_for(cfg.model)
@@ -103,7 +104,7 @@ def build(cfg: TrainerConfig, env: DistEnv) -> Trainer:
         [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=t.lr, betas=(0.9, 0.95), fused=env.device.type == "cuda")
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda e: lr_factor(t, e + 1))
-    sampler = Sampler(make_source(cfg.data), shape.seq_len, t.micro_batch_size, env.rank,
+    sampler = Sampler(make_source(cfg.data, shape.vocab_size), shape.seq_len, t.micro_batch_size, env.rank,
                       env.world_size, t.grad_accum, env.device)
     fpt = flops.flops_per_token(n_params, shape.n_layer, shape.n_head, shape.head_dim, shape.seq_len)
     return Trainer(model, optim, sched, sampler, par.comm, par.autocast, fpt, flops.device_name(env.device),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from campaign.train import data, dist, flops, loop, model
+from campaign.train import data, dist, flops, loop, model, tokenfile
 from campaign.train.config import DataConfig, ModelConfig, TrainConfig
 
 
@@ -70,8 +70,8 @@ def test_sampler_slices_by_rank_and_micro_step():
 def test_file_source_and_prepare_text(tmp_path):
     (tmp_path / "a.txt").write_text("hello")
     (tmp_path / "b.txt").write_text("world!")
-    info = data.prepare_text([tmp_path / "a.txt", tmp_path / "b.txt"], tmp_path / "t.bin", "uint16")
-    assert info["tokens"] == 13 and info["documents"] == 2
+    info = tokenfile.prepare_text([tmp_path / "a.txt", tmp_path / "b.txt"], tmp_path / "t.bin", "uint16")
+    assert info["tokens"] == 13 and info["documents"] == 2 and info["vocab_size"] == 257
     toks = np.fromfile(tmp_path / "t.bin", dtype=np.uint16)
     assert toks[5] == 0 and toks[-1] == 0 and toks[0] == ord("h") + 1
     src = data.make_source(DataConfig(source="file", path=str(tmp_path / "t.bin")))

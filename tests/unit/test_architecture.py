@@ -68,6 +68,7 @@ def test_light_commands_import_neither_torch_nor_parsl(tmp_path: Path) -> None:
 
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     open_ledger(url).close()
+    (tmp_path / "a.txt").write_text("hello")
     commands = {
         "help": ["--help"],
         "validate": ["validate", str(REPO / "examples" / "local.yaml")],
@@ -75,6 +76,7 @@ def test_light_commands_import_neither_torch_nor_parsl(tmp_path: Path) -> None:
         "status-json": ["status", "--json", "--db", url],
         "db-current": ["db", "current", "--db", url],
         "nodes-list": ["nodes", "list", "--db", url],
+        "data-prepare": ["data", "prepare", str(tmp_path / "a.txt"), "--out", str(tmp_path / "a.bin")],
     }
     code = "from campaign.cli import main\n" + "".join(
         f"try:\n    main({argv!r}, standalone_mode=False)\nexcept SystemExit:\n    pass\nmark({label!r})\n"
@@ -134,7 +136,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                "campaign.walltime", "campaign.lease")),
     ("attempt", ("campaign.attempt", "campaign.supervisor", "campaign.recovery", "campaign.runner", "campaign.block",
                  "campaign.checktrainer")),
-    ("views", ("campaign.views", "campaign.plots", "campaign.progress", "campaign.export", "campaign.watch")),
+    ("views", ("campaign.views", "campaign.plots", "campaign.progress", "campaign.export", "campaign.watch",
+               "campaign.htmlreport")),
     ("driver", ("campaign.stagecontext", "campaign.engine", "campaign.dryrun")),
     ("operations", ("campaign.commands", "campaign.remote", "campaign.preflight")),
     ("cli", ("campaign.cli",)),
