@@ -63,8 +63,14 @@ def _check_installed(name: str, **wanted: bool) -> None:
 
     from campaign.errors import SpecError
 
+    def absent(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is None
+        except ValueError:  # in sys.modules as None: import refused
+            return True
+
     missing = [f"observe.{extra}: needs the `{extra}` package: pip install 'campaign[{extra}]'"
-               for extra, asked in wanted.items() if asked and importlib.util.find_spec(extra) is None]
+               for extra, asked in wanted.items() if asked and absent(extra)]
     if missing:
         raise SpecError(name, missing)
 

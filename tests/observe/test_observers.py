@@ -114,6 +114,17 @@ def test_a_drilled_long_run_leaves_tensorboard_wandb_and_notifications(tmp_path:
     assert any("running -> passed" in t for t in events["stage_state"])
     assert any("-> succeeded" in t for t in texts(tmp_path / "tb" / "drill" / "events")["campaign_state"])
 
+    # `ledger export --format tensorboard` writes the same after the fact.
+    from campaign import commands
+
+    steps, n_events = commands.export_tensorboard(engine.ledger, "drill", tmp_path / "exported")
+    assert steps == sum(len(v) for v in losses.values()) and n_events > 0
+    again = tmp_path / "exported" / "drill" / "long"
+    for attempt in losses:
+        for tag in ("loss", "tokens", "tokens_per_s", "step_time_s", "lr", "mem_peak_gib"):
+            assert scalars(again / f"attempt-{attempt}", tag) == scalars(board / f"attempt-{attempt}", tag), tag
+    assert texts(again / "events") == events
+
     # W&B, offline: one run for the stage; both attempts' steps; the relaunch and the exclusion as alerts.
     [run_dir] = (tmp_path / "campaigns" / "drill" / "wandb").glob("offline-run-*")
     run = wandb_file.read_run(run_dir)
