@@ -161,6 +161,9 @@ def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, as_json
 
     goodput.check_auto(lambda: _open(db_url, workdir, create=False), spec, str(file))  # auto needs a failure rate
     spec.site.preflight()  # what only this host can tell, before the ledger is touched
+    from campaign.observe import check_installed
+
+    check_installed(spec, tensorboard=tensorboard is not None)  # observe's extras, before the ledger too
     check_workdir(workdir)
     ledger = _open(db_url, workdir)
     try:

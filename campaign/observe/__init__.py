@@ -30,7 +30,7 @@ from campaign.observe.base import Observer, Observers, Record
 if TYPE_CHECKING:
     from campaign.spec import CampaignSpec
 
-__all__ = ["Observer", "Observers", "Record", "for_campaign", "gave_up"]
+__all__ = ["Observer", "Observers", "Record", "check_installed", "for_campaign", "gave_up"]
 
 
 def for_campaign(spec: CampaignSpec, campaign_dir: Path, spec_dir: Path, *, warn: Callable[[str], None],
@@ -39,7 +39,7 @@ def for_campaign(spec: CampaignSpec, campaign_dir: Path, spec_dir: Path, *, warn
     `--tensorboard DIR` option, which wins over the spec's); the null Observer() if none."""
     obs, sinks = spec.observe, []
     board = tensorboard or (_under(spec_dir, obs.tensorboard) if obs and obs.tensorboard else None)
-    _check_installed(spec.name, tensorboard=board is not None, wandb=bool(obs and obs.wandb))
+    check_installed(spec, tensorboard=board is not None)
     if board is not None:
         from campaign.observe.tensorboard import TensorBoard
 
@@ -57,8 +57,9 @@ def for_campaign(spec: CampaignSpec, campaign_dir: Path, spec_dir: Path, *, warn
     return Observers(sinks, warn) if sinks else Observer()
 
 
-def _check_installed(name: str, **wanted: bool) -> None:
-    """SpecError naming the field whose extra is not installed (before anything starts)."""
+def check_installed(spec: CampaignSpec, *, tensorboard: bool = False) -> None:
+    """SpecError naming each `observe` field whose extra is not installed (`tensorboard`: the
+    `--tensorboard` option was given); `campaign submit` asks before the ledger is opened."""
     import importlib.util
 
     from campaign.errors import SpecError
@@ -69,10 +70,12 @@ def _check_installed(name: str, **wanted: bool) -> None:
         except ValueError:  # in sys.modules as None: import refused
             return True
 
+    obs = spec.observe
+    wanted = {"tensorboard": tensorboard or bool(obs and obs.tensorboard), "wandb": bool(obs and obs.wandb)}
     missing = [f"observe.{extra}: needs the `{extra}` package: pip install 'campaign[{extra}]'"
                for extra, asked in wanted.items() if asked and absent(extra)]
     if missing:
-        raise SpecError(name, missing)
+        raise SpecError(spec.name, missing)
 
 
 def gave_up(campaign: str, why: str) -> Record:

@@ -6,7 +6,7 @@
     notify:
       command: "mail -s campaign me@example.org"      # the event as JSON on stdin
       webhook: env:SLACK_WEBHOOK_URL                  # Slack-compatible {"text": ...}; env:VAR reads it at start
-      on: [stage_failed, relaunch, node_excluded, campaign_end, driver_gave_up]
+      events: [stage_failed, relaunch, node_excluded, campaign_end, driver_gave_up]
 
 What reads them is `campaign.observe` (the driver's observers); these models only say what
 a spec may ask for, so `campaign.spec` (a lower layer) can hold them.
@@ -14,14 +14,16 @@ a spec may ask for, so `campaign.spec` (a lower layer) can hold them.
 
 from __future__ import annotations
 
+import re
+
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from campaign.stagebase import StrictModel
 
 NOTIFY_EVENTS = ("stage_passed", "stage_failed", "relaunch", "node_excluded", "campaign_end", "driver_gave_up")
-"""What `notify.on` may name: a stage passed or failed, a long run relaunched, a node excluded,
+"""What `notify.events` may name: a stage passed or failed, a long run relaunched, a node excluded,
 the campaign ended (succeeded, failed or cancelled), the driver stopped without finishing
 (the ledger unreachable past its budget, the work directory unwritable, its lease taken, a bug)."""
 
@@ -60,10 +62,10 @@ class NotifyConfig(StrictModel):
 
     command: str | None = None
     """Shell command run for each event with the event as JSON on stdin (e.g. `mail -s campaign you@x`)."""
-    webhook: str | None = Field(default=None, pattern=r"^(https?://\S+|env:[A-Za-z_][A-Za-z0-9_]*)$")
+    webhook: str | None = None
     """URL that gets a POST of Slack-compatible JSON (`{"text": ...}`); `env:VAR` reads the URL
     from the driver's environment at its start (keeps a secret URL out of the ledger)."""
-    on: list[NotifyEvent] = list(NOTIFY_EVENTS)  # type: ignore[assignment]
+    events: list[NotifyEvent] = list(NOTIFY_EVENTS)  # type: ignore[assignment]
     """Which events notify (default: all of stage_passed, stage_failed, relaunch,
     node_excluded, campaign_end, driver_gave_up)."""
     retries: int = Field(default=5, ge=0, le=20)
@@ -74,6 +76,13 @@ class NotifyConfig(StrictModel):
     """Limit of one try (the HTTP request, the command)."""
     wait_s: float = Field(default=15.0, ge=0, le=600)
     """At the driver's end, how long it waits for notifications still being delivered."""
+
+    @field_validator("webhook")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"https?://\S+|env:[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError(f"must be an http(s):// URL or env:VARIABLE, got {v!r}")
+        return v
 
     @model_validator(mode="after")
     def _somewhere(self) -> NotifyConfig:

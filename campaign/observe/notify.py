@@ -43,7 +43,7 @@ HEADLINES = {"stage_passed": "stage passed", "stage_failed": "stage FAILED", "re
 
 
 def notification(r: Record) -> str | None:
-    """Which notification (`notify.on`'s names) a ledger event is, if any."""
+    """Which notification (`notify.events`' names) a ledger event is, if any."""
     kind, to = r["kind"], (r.get("data") or {}).get("to")
     if kind == "stage_state" and to in ("passed", "failed"):
         return f"stage_{to}"
@@ -66,7 +66,7 @@ class DeliveryError(Exception):
 
 
 class Notify(Observer):
-    """Queues each event the spec's `notify.on` names; a daemon thread delivers them."""
+    """Queues each event the spec's `notify.events` names; a daemon thread delivers them."""
 
     def __init__(self, config: NotifyConfig, *, cwd: Path, warn: Callable[[str], None],
                  sleep: Callable[[float], bool] | None = None) -> None:
@@ -87,7 +87,7 @@ class Notify(Observer):
     def events(self, records: Sequence[Record]) -> None:
         for r in records:
             name = notification(r)
-            if name is not None and name in self.config.on and self.targets:
+            if name is not None and name in self.config.events and self.targets:
                 self._put({"event": name, "text": text_of(name, r), **r})
 
     def _put(self, payload: dict[str, Any]) -> None:
