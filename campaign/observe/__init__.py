@@ -25,12 +25,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from campaign.observe.base import Observer, Observers, Record
+from campaign.observe.base import Observer, Observers, Queued, Record
 
 if TYPE_CHECKING:
     from campaign.spec import CampaignSpec
 
-__all__ = ["Observer", "Observers", "Record", "check_installed", "for_campaign", "gave_up"]
+__all__ = ["Observer", "Observers", "Queued", "Record", "check_installed", "for_campaign", "gave_up"]
+
+
+WANDB_WAIT_S = 120.0
+"""At the driver's end, how long it waits for W&B to log what is queued and finish its runs."""
 
 
 def for_campaign(spec: CampaignSpec, campaign_dir: Path, spec_dir: Path, *, warn: Callable[[str], None],
@@ -49,7 +53,8 @@ def for_campaign(spec: CampaignSpec, campaign_dir: Path, spec_dir: Path, *, warn
 
         mode = obs.wandb.mode or ("online" if spec.site.COMPUTE_NODES_ONLINE else "offline")
         folder = _under(spec_dir, obs.wandb.dir) if obs.wandb.dir else campaign_dir
-        sinks.append(Wandb(obs.wandb, mode=mode, folder=folder, spec=spec))
+        # On a thread of its own: W&B's start takes seconds, online longer (never the driver's wait).
+        sinks.append(Queued(Wandb(obs.wandb, mode=mode, folder=folder, spec=spec), warn=warn, wait_s=WANDB_WAIT_S))
     if spec.notify:
         from campaign.observe.notify import Notify
 

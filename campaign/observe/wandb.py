@@ -61,11 +61,18 @@ class Wandb(Observer):
             self.folder.mkdir(parents=True, exist_ok=True)
             kind = next((s.kind for s in self.spec.stages if s.resolved_name == stage), None)
             suffix = f"-v{key[0]}" if key[0] > 1 else ""
-            run = self.wandb.init(project=self.config.project, entity=self.config.entity, dir=str(self.folder),
-                                  name=f"{self.spec.name}{suffix}/{stage}", group=f"{self.spec.name}{suffix}",
-                                  job_type=kind, reinit="create_new", settings=self._settings(),
-                                  config={"campaign": self.spec.name, "version": key[0], "stage": stage, "kind": kind,
-                                          "site": self.spec.site.kind, "model": self.spec.model.model_dump(mode="json")})
+            init = {"project": self.config.project, "entity": self.config.entity, "dir": str(self.folder),
+                    "name": f"{self.spec.name}{suffix}/{stage}", "group": f"{self.spec.name}{suffix}",
+                    "job_type": kind, "reinit": "create_new",
+                    "config": {"campaign": self.spec.name, "version": key[0], "stage": stage, "kind": kind,
+                               "site": self.spec.site.kind, "model": self.spec.model.model_dump(mode="json")}}
+            try:
+                run = self.wandb.init(**init, settings=self._settings())
+            except Exception as e:  # noqa: BLE001 - online: the server, the network, the key
+                if self.mode == "offline":
+                    raise
+                self.mode, self.note = "offline", f"W&B online failed ({type(e).__name__}: {e}); logging offline instead"
+                run = self.wandb.init(**init, settings=self._settings())
             run.define_metric(STEP)
             run.define_metric("*", step_metric=STEP)
             self._runs[key] = run
