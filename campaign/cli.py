@@ -119,6 +119,8 @@ def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, as_json
 
     if as_json and not dry_run:
         raise click.UsageError("--json goes with --dry-run (a submission prints its progress as it runs)")
+    if tensorboard and endpoint:
+        raise click.UsageError("--tensorboard names a folder here; with --endpoint set observe.tensorboard in the spec")
     spec = spec_mod.load(file)
     spec_mod.check_faults_allowed(spec, str(file))
     from campaign import reference, walltime

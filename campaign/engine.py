@@ -145,10 +145,12 @@ class Engine:
             raise
         finally:
             self.ledger.listeners.remove(self.observer.events)
-            self._restore_signal_handlers(previous)
             lease.release(wait_s=CANCEL_RELEASE_S if self.cancel_requested else RELEASE_WAIT_S)
-            for line in self.observer.close():  # notifications still queued: at most notify.wait_s
-                self.progress.note(line)
+            try:  # bounded waits (notify.wait_s, W&B's finish), under our handlers: a Ctrl-C cannot cut them short
+                for line in self.observer.close():
+                    self.progress.note(line)
+            finally:
+                self._restore_signal_handlers(previous)
 
     def _drive(self) -> int:
         for unit in self.writes("starting the campaign"):

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 __all__ = ["Observer", "Observers", "Queued", "Record", "check_installed", "for_campaign", "gave_up"]
 
 
+TENSORBOARD_WAIT_S = 60.0
+"""At the driver's end, how long it waits for the TensorBoard files to be written and closed."""
 WANDB_WAIT_S = 120.0
 """At the driver's end, how long it waits for W&B to log what is queued and finish its runs."""
 
@@ -47,7 +49,8 @@ def for_campaign(spec: CampaignSpec, campaign_dir: Path, spec_dir: Path, *, warn
     if board is not None:
         from campaign.observe.tensorboard import TensorBoard
 
-        sinks.append(TensorBoard(board / spec.name))
+        # Queued: a flush to a slow file system waits there, not in the driver's ingestion.
+        sinks.append(Queued(TensorBoard(board / spec.name), warn=warn, wait_s=TENSORBOARD_WAIT_S))
     if obs and obs.wandb:
         from campaign.observe.wandb import Wandb
 

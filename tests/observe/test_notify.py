@@ -135,3 +135,33 @@ def test_the_driver_giving_up_is_notified_with_its_cause(tmp_path: Path) -> None
     assert notes[0]["message"].startswith("the driver of gives-up stopped: WorkdirError: cannot write the attempt's "
                                           "run directory"), notes[0]["message"]
     assert "campaign resume gives-up" in notes[0]["text"]
+
+
+def test_a_slow_sink_holds_up_neither_ingestion_nor_the_end_past_its_bound() -> None:
+    from campaign.observe import Queued
+
+    class Slow(Observer):
+        def __init__(self) -> None:
+            self.got: list[int] = []
+
+        def steps(self, stage: str, attempt: int, rows: Any, *, version: int = 1) -> None:
+            time.sleep(0.5)  # a flush to a file system that answers late
+            self.got += [r["step"] for r in rows]
+
+        def close(self) -> list[str]:
+            return ["closed"]
+
+    slow = Slow()
+    queued = Queued(slow, warn=print, wait_s=5)
+    t0 = time.monotonic()
+    for step in range(1, 4):
+        queued.steps("long", 1, [{"step": step}])
+    assert time.monotonic() - t0 < 0.1, "the driver only queues"
+    assert queued.close() == ["closed"] and slow.got == [1, 2, 3], "in order, all of it, then the sink's close"
+
+    stuck = Queued(Slow(), warn=print, wait_s=0.2)
+    for step in range(1, 10):
+        stuck.steps("long", 1, [{"step": step}])
+    t0 = time.monotonic()
+    assert stuck.close() == ["warning: Slow did not finish within 0.2 s; the driver stops without it"]
+    assert time.monotonic() - t0 < 1
