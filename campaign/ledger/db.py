@@ -14,7 +14,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -225,7 +225,7 @@ class Ledger:
             if fenced and self.fence is not None:
                 _check_fence(s, *self.fence)
             s.commit()
-            self._tell([made() for made in s.info.pop(COMMITTED_EVENTS, ())])
+            made = s.info.pop(COMMITTED_EVENTS, ())
         except BaseException as e:
             s.rollback()
             broken = explain(e, self.engine) if isinstance(e, Exception) and not transient(e) else None
@@ -234,9 +234,17 @@ class Ledger:
             raise
         finally:
             s.close()
+        self._tell(made)  # after the commit, outside it: nothing here can roll back or retry the unit
 
-    def _tell(self, events: list[dict[str, Any]]) -> None:
-        for listener in list(self.listeners) if events else ():
+    def _tell(self, made: Sequence[Callable[[], dict[str, Any]]]) -> None:
+        if not made or not self.listeners:
+            return
+        try:
+            events = [m() for m in made]
+        except Exception:  # noqa: BLE001 - as below: the commit stands
+            logger.exception("the records of %d committed event(s) could not be made", len(made))
+            return
+        for listener in list(self.listeners):
             try:
                 listener(events)
             except Exception:  # noqa: BLE001 - committed already: never make the unit of work fail or retry
