@@ -55,10 +55,14 @@ def notification(r: Record) -> str | None:
 
 
 def text_of(name: str, r: Record) -> str:
-    """The one line a person reads (Slack's `text`): where, what, and the ledger's message (the cause)."""
+    """The one line a person reads (Slack's `text`): where, what, and the ledger's message (the
+    cause); a state change says only its outcome (the stage's verdict, the campaign's state)."""
     where = r["campaign"] + (f"/{r['stage']}" if r.get("stage") else "") + \
         (f" attempt {r['attempt']}" if r.get("attempt") else "")
-    return f"[campaign] {where}: {HEADLINES[name]}: {r['message']}"
+    what, to = r["message"], (r.get("data") or {}).get("to")
+    if r["kind"] in ("stage_state", "campaign_state") and to:
+        what = what.partition(f"-> {to}: ")[2] or str(to)  # writes.set_stage_state: "stage S: A -> B: verdict"
+    return f"[campaign] {where}: {HEADLINES[name]}: {what}"
 
 
 class DeliveryError(Exception):
