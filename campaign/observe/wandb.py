@@ -105,6 +105,8 @@ class Wandb(Observer):
                   level=getattr(self.wandb.AlertLevel, level))
 
     def _end(self, r: Record, state: str) -> None:
+        if state == "skipped" and (r["version"] or 1, r["stage"]) not in self._runs:
+            return  # never ran (an earlier stage failed): no run for it
         run = self._run(r["version"], r["stage"])
         if state == "failed":
             run.alert(title=f"{self.spec.name}/{r['stage']}: stage failed #{r.get('id')}", text=r["message"],
