@@ -140,6 +140,8 @@ class Engine:
                 self.progress.event(f"stopped {reaped} Parsl process(es) a dead driver left running")
             recover_orphans(self.ledger, self.campaign_id, self.spec.site, self.progress.event)
             return self._drive()
+        except Cancelled:
+            raise  # the user's own stop, not the driver giving up
         except Exception as e:  # the ledger gone past its budget, the work directory, the lease, a bug
             self.observer.events([observe.gave_up(self.spec.name, f"{type(e).__name__}: {e}")])
             raise
