@@ -44,7 +44,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[test,postgres,plot]"
+	$(PY) -m pip install -q -e ".[test,postgres,plot,tensorboard,wandb]"
 	touch $@
 
 # MPICH's mpiexec (the launcher tests run it for real). The Slurm cluster script installs

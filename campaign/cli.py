@@ -105,10 +105,13 @@ def main() -> None:
                    "and the first node's placement: CPUs, visible devices and device per local rank).")
 @click.option("--new-version", is_flag=True, help="The file changed: record it as a new version of the campaign.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only errors and the final table.")
+@click.option("--tensorboard", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="Write TensorBoard event files to DIR as steps are ingested (`tensorboard --logdir DIR`); "
+                   "wins over the spec's observe.tensorboard.")
 @_endpoint_option
 @_errors
 def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, as_json: bool, new_version: bool, quiet: bool,
-           endpoint: str | None) -> None:
+           tensorboard: Path | None, endpoint: str | None) -> None:
     """Run the campaign in FILE: its stages in order, skipping those already passed.
 
     The same file again continues the same campaign; a changed file under the same name is
@@ -125,6 +128,8 @@ def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, as_json
 
     if as_json and not dry_run:
         raise click.UsageError("--json goes with --dry-run (a submission prints its progress as it runs)")
+    if tensorboard and endpoint:
+        raise click.UsageError("--tensorboard names a folder here; with --endpoint set observe.tensorboard in the spec")
     spec = spec_mod.load(file)
     spec_mod.check_faults_allowed(spec, str(file))
     from campaign import preflight
@@ -171,10 +176,14 @@ def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, as_json
     from campaign.progress import Progress
 
     goodput.check_auto(lambda: _open(db_url, workdir, create=False), spec, str(file))  # auto needs a failure rate
+    from campaign.observe import check_installed
+
+    check_installed(spec, tensorboard=tensorboard is not None)  # observe's extras, before the ledger too
     check_workdir(workdir)
     ledger = _open(db_url, workdir)
     try:
-        engine = Engine(spec, ledger, workdir=workdir, progress=Progress(quiet=quiet), spec_dir=file.parent)
+        engine = Engine(spec, ledger, workdir=workdir, progress=Progress(quiet=quiet), spec_dir=file.parent,
+                        tensorboard=tensorboard)
         code = engine.submit(file.read_text(), new_version=new_version)
     finally:
         ledger.close()
@@ -200,8 +209,11 @@ def _print_started(info: dict[str, Any], endpoint: str, workdir: Path) -> None:
 @click.argument("name")
 @_db_options
 @click.option("--quiet", "-q", is_flag=True, help="Print only errors and the final summary.")
+@click.option("--tensorboard", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="Write TensorBoard event files to DIR as steps are ingested (`tensorboard --logdir DIR`); "
+                   "wins over the spec's observe.tensorboard.")
 @_errors
-def resume(name: str, db_url: str | None, workdir: Path, quiet: bool) -> None:
+def resume(name: str, db_url: str | None, workdir: Path, quiet: bool, tensorboard: Path | None) -> None:
     """Continue campaign NAME after its driver died (or was cancelled), from the ledger alone.
 
     Attempts the dead driver left open are marked `orphaned` and their jobs stopped; stages
@@ -225,7 +237,7 @@ def resume(name: str, db_url: str | None, workdir: Path, quiet: bool) -> None:
             source, spec_dir = c.spec_source, c.spec_dir
         spec = spec_mod.loads(source, f"{name} (spec kept in the ledger)")
         engine = Engine(spec, ledger, workdir=workdir, progress=Progress(quiet=quiet),
-                        spec_dir=Path(spec_dir) if spec_dir else None)
+                        spec_dir=Path(spec_dir) if spec_dir else None, tensorboard=tensorboard)
         code = engine.submit(source)
     finally:
         ledger.close()
@@ -641,17 +653,25 @@ def ledger() -> None:
 @ledger.command("export")
 @click.argument("name")
 @_db_options
-@click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default="csv", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["csv", "json", "tensorboard"]), default="csv", show_default=True,
+              help="tensorboard: event files in the folder --out, as `submit --tensorboard` writes them live.")
 @click.option("--what", type=click.Choice(EXPORT_KINDS), default="steps", show_default=True,
               help="steps: every step row; attempts: one row per attempt; nodes: per node used or excluded.")
-@click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), help="File to write (default: stdout).")
+@click.option("--out", "out_file", type=click.Path(path_type=Path),
+              help="File to write (default: stdout); with --format tensorboard, a folder.")
 @_endpoint_option
 @_errors
 def ledger_export(name: str, db_url: str | None, workdir: Path, fmt: str, what: str, out_file: Path | None,
                   endpoint: str | None) -> None:
-    """Write campaign NAME's steps, attempts or nodes as CSV or JSON (streamed)."""
+    """Write campaign NAME's steps, attempts or nodes as CSV or JSON (streamed), or its steps
+    and events as TensorBoard event files (--format tensorboard --out DIR)."""
     from campaign import commands
 
+    if fmt == "tensorboard":
+        _export_tensorboard(name, db_url, workdir, out_file, endpoint)
+        return
+    if out_file is not None and out_file.is_dir():
+        raise click.BadParameter(f"{out_file} is a folder; name a file", param_hint="--out")
     if endpoint:  # pages of rows from the endpoint's ledger, written here as they arrive
         from campaign import remote
 
@@ -665,6 +685,19 @@ def ledger_export(name: str, db_url: str | None, workdir: Path, fmt: str, what: 
             led.close()
     if out_file:
         click.echo(f"{out_file}: {n} {what} row(s)", err=True)
+
+
+def _export_tensorboard(name: str, db_url: str | None, workdir: Path, out: Path | None, endpoint: str | None) -> None:
+    from campaign import commands
+
+    if out is None or endpoint:
+        raise click.UsageError("--format tensorboard writes a folder here: give --out DIR (and no --endpoint)")
+    led = _open(db_url, workdir, create=False)
+    try:
+        steps, events = commands.export_tensorboard(led, name, out)
+    finally:
+        led.close()
+    click.echo(f"{out / name}: {steps} step(s), {events} event(s); tensorboard --logdir {out}", err=True)
 
 
 def _write_export(rows: Any, what: str, fmt: str, out_file: Path | None) -> int:

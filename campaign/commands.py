@@ -353,6 +353,34 @@ def _stream_steps(ledger: Ledger, name: str) -> Iterator[dict[str, Any]]:
         yield from reads.iter_campaign_steps(s, reads.find_campaigns(s, (name,), ledger.display_url)[0])
 
 
+def export_tensorboard(ledger: Ledger, name: str, out: Path) -> tuple[int, int]:
+    """`ledger export NAME --format tensorboard --out DIR`: the current version's steps and
+    events as the driver writes them live (`campaign.observe.tensorboard`, the same files
+    under DIR/NAME); returns (steps, events) written. Needs the `tensorboard` extra."""
+    from itertools import groupby
+
+    from campaign.ledger import reads
+
+    try:
+        from campaign.observe.tensorboard import TensorBoard
+    except ImportError:
+        raise CampaignError("--format tensorboard needs the `tensorboard` package: "
+                            "pip install 'campaign[tensorboard]'") from None
+    with ledger.session() as s:
+        c = reads.find_campaigns(s, (name,), ledger.display_url)[0]
+        board, steps = TensorBoard(out / c.name), 0
+        try:
+            for (stage, attempt), rows in groupby(reads.iter_campaign_steps(s, c), lambda r: (r["stage"], r["attempt"])):
+                batch = [{**r, "tokens": r["attempt_tokens"]} for r in rows]  # as the trainer wrote it (live: the same)
+                board.steps(stage, attempt, batch, version=c.version)
+                steps += len(batch)
+            records = [r for r in reads.list_event_records(s, c) if r["version"] == c.version]
+            board.events(records)
+        finally:
+            board.close()
+    return steps, len(records)
+
+
 def write_export(rows: Iterator[dict[str, Any]], what: str, fmt: str, out: Any) -> int:
     """Write export rows as CSV or JSON to the open text file `out`; returns the count."""
     from campaign import export

@@ -24,7 +24,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from campaign import goodput, stages
+from campaign import goodput, observe, stages
 from campaign.attempt import version_root
 from campaign.block import Block
 from campaign.errors import CampaignConflict, LeaseLost, LedgerError, WorkdirError
@@ -57,9 +57,12 @@ class Engine:
     """Drives one campaign through its stages; the only writer of its ledger rows."""
 
     def __init__(self, spec: CampaignSpec, ledger: Ledger, *, workdir: Path, progress: Progress | None = None,
-                 spec_dir: Path | None = None, runner: AttemptRunner | None = None) -> None:
+                 spec_dir: Path | None = None, runner: AttemptRunner | None = None,
+                 tensorboard: Path | None = None) -> None:
         """`runner`: how attempts run (default: the supervisor as a Parsl app on the site's
-        block, which this engine then loads and renews; any other runner gets no Parsl)."""
+        block, which this engine then loads and renews; any other runner gets no Parsl).
+        `tensorboard`: a folder for TensorBoard event files (`--tensorboard`; wins over the
+        spec's `observe.tensorboard`)."""
         self.spec, self.ledger = spec, ledger
         self.spec_dir = (spec_dir or Path.cwd()).resolve()
         self.workdir = workdir.resolve()
@@ -67,6 +70,9 @@ class Engine:
         self.run_root = self.campaign_dir
         self.progress = progress or Progress()
         self.block = Block(spec.site, self.campaign_dir, record=self.record_block_event, runner=runner)
+        self.observer = observe.for_campaign(spec, self.campaign_dir, self.spec_dir, warn=self.progress.event,
+                                             tensorboard=tensorboard)
+        """Where steps and committed events go besides the ledger (`campaign.observe`; null if none)."""
         self.campaign_id: int | None = None
         self.cancel_requested = False
         self.current_run_dir: Path | None = None
@@ -126,6 +132,7 @@ class Engine:
         lease = DriverLease(self.ledger, self.campaign_id, on_lost=self._lease_lost)
         lease.acquire()
         previous = self._install_signal_handlers()
+        self.ledger.listeners.append(self.observer.events)  # every committed event, from here on
         try:
             self.campaign_dir.mkdir(parents=True, exist_ok=True)
             reaped = reap_dead_driver(self.campaign_dir)
@@ -133,9 +140,19 @@ class Engine:
                 self.progress.event(f"stopped {reaped} Parsl process(es) a dead driver left running")
             recover_orphans(self.ledger, self.campaign_id, self.spec.site, self.progress.event)
             return self._drive()
+        except Cancelled:
+            raise  # the user's own stop, not the driver giving up
+        except Exception as e:  # the ledger gone past its budget, the work directory, the lease, a bug
+            self.observer.events([observe.gave_up(self.spec.name, f"{type(e).__name__}: {e}")])
+            raise
         finally:
-            self._restore_signal_handlers(previous)
+            self.ledger.listeners.remove(self.observer.events)
             lease.release(wait_s=CANCEL_RELEASE_S if self.cancel_requested else RELEASE_WAIT_S)
+            try:  # bounded waits (notify.wait_s, W&B's finish), under our handlers: a Ctrl-C cannot cut them short
+                for line in self.observer.close():
+                    self.progress.note(line)
+            finally:
+                self._restore_signal_handlers(previous)
 
     def _drive(self) -> int:
         for unit in self.writes("starting the campaign"):

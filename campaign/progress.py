@@ -143,6 +143,11 @@ class Progress:
         """A watchdog action, an exclusion, a relaunch: always printed, one line."""
         self._print(f"  [yellow]![/] {escape(message)}")
 
+    def note(self, text: str, **_: Any) -> None:
+        """A line to copy (a command such as `wandb sync ...`): printed whole, never wrapped."""
+        if not self.quiet:
+            self.console.print(escape(text), soft_wrap=True)
+
     def stage_finished(self, name: str, verdict: Any, **_: Any) -> None:
         took = self.clock() - self._started
         task = self._tasks.pop(name, None)

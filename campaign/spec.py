@@ -28,6 +28,7 @@ from campaign.executors.aurora import AuroraSite
 from campaign.executors.local import LocalSite
 from campaign.executors.polaris import PolarisSite
 from campaign.executors.slurm import SlurmSite
+from campaign.observe.config import NotifyConfig, ObserveConfig
 from campaign.stagebase import StageSpec, StrictModel
 from campaign.train.config import DataConfig, ModelConfig, TrainConfig
 
@@ -57,6 +58,10 @@ class CampaignSpec(StrictModel):
     """How to train (parallelism, batch, optimizer, checkpoints) or your own trainer command."""
     stages: list[Stage] = Field(min_length=1)
     """Stages, run in this order; a failed stage stops the campaign unless it says otherwise."""
+    observe: ObserveConfig | None = None
+    """TensorBoard and W&B, written by the driver as it ingests steps (docs/observe.md)."""
+    notify: NotifyConfig | None = None
+    """A command and/or a webhook told of stage results, relaunches, exclusions and the end (docs/observe.md)."""
 
     @model_validator(mode="after")
     def _unique_stage_names(self) -> CampaignSpec:
@@ -100,8 +105,10 @@ class CampaignSpec(StrictModel):
         raise KeyError(name)
 
     def canonical_json(self) -> str:
-        """The resolved spec as canonical JSON: equal specs give equal text."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """The resolved spec as canonical JSON: equal specs give equal text. `observe` and
+        `notify` appear only when set, so a campaign stored before they existed keeps its digest."""
+        unset = {k for k in ("observe", "notify") if getattr(self, k) is None}
+        return json.dumps(self.model_dump(mode="json", exclude=unset), sort_keys=True, separators=(",", ":"))
 
     def digest(self) -> str:
         """SHA-256 of the resolved spec; same name + same digest = the same campaign."""

@@ -350,6 +350,7 @@ class StageContext:
         if bad is not None:
             self._bad_rows[attempt_id] = bad
         if got.rows:
+            self.engine.observer.steps(self.run.name, number, got.rows, version=self.run.version)
             self.engine.progress.steps(self.run.name, got.rows[-1], steps)
         return got.offset
 

@@ -158,6 +158,8 @@ class AuroraSite(pbs.PBSSite):
     COLLECTIVE_JOB_LINES: ClassVar[tuple[str, ...]] = COLLECTIVE_JOB_LINES
     PREFERRED_INTERFACE: ClassVar[str | None] = "hsn0"
     """Workers reach the driver over the Slingshot interface when its host has one (docs/sites.md)."""
+    COMPUTE_NODES_ONLINE: ClassVar[bool] = False
+    """Aurora's compute nodes reach the internet only through ALCF's proxy: W&B logs offline by default."""
 
     kind: Literal["aurora"] = "aurora"
     """Site kind."""

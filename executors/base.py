@@ -27,7 +27,7 @@ import sys
 from abc import abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from campaign.stagebase import StrictModel
 
@@ -70,6 +70,10 @@ class LaunchOptions:
 class Site(StrictModel):
     """Base of every site's options model (pydantic's model metaclass is an ABCMeta, so a
     site that misses an abstract method cannot be instantiated)."""
+
+    COMPUTE_NODES_ONLINE: ClassVar[bool] = True
+    """Whether the site's compute nodes reach the internet; where they do not (ALCF's), W&B
+    logs offline by default (`observe.wandb.mode`), for `wandb sync` from a login node."""
 
     if TYPE_CHECKING:  # a field on PBS sites (pals | mpich), a property elsewhere
         launcher: str

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -61,6 +61,11 @@ class PBSSite(batch.BatchSite):
     """TMPDIR for the Parsl worker and everything it starts (null: PBS's per-job directory).
     Python's multiprocessing binds AF_UNIX sockets under TMPDIR, whose path may not exceed
     107 bytes; PBS's per-job TMPDIR (/var/tmp/pbs.<job id>) uses most of that (docs/sites.md)."""
+    mail: str = Field(default="n", pattern=r"^(n|[abe]{1,3})$")
+    """When PBS mails about the block's job (`#PBS -m`): `n` never, else any of `a` (aborted),
+    `b` (began), `e` (ended), e.g. `ae`; to the job's owner, or to `mail_to`."""
+    mail_to: list[Annotated[str, Field(pattern=r"^[^\s,@#]+@[^\s,@#]+$")]] = []
+    """Addresses PBS mails (`#PBS -M`), e.g. [you@example.org]; default: the job's owner."""
     collective_env: bool = True
     """Set the collective library's environment that ALCF documents for the machine on every
     rank (the site's `COLLECTIVE_ENV`: oneCCL on Aurora, NCCL/libfabric on Polaris; sources
@@ -79,7 +84,7 @@ class PBSSite(batch.BatchSite):
         provider = (cls or submitting_provider())(account=self.account, queue=self.queue, cpus_per_node=self.CPUS_PER_NODE,
                                                   select_options=self.SELECT_OPTIONS, scheduler_options=directives(self),
                                                   **batch.provider_kwargs(self))
-        provider.template_string = login_shell(provider.template_string)
+        provider.template_string = with_mail(login_shell(provider.template_string), self.mail, self.mail_to)
         provider.submit_dir = None if submit_dir is None else str(submit_dir)  # type: ignore[attr-defined]
         return provider
 
@@ -147,6 +152,14 @@ def directives(site: PBSSite) -> str:
     """The `#PBS` lines of a block: filesystems, placement, keep output, the user's extras."""
     lines = [f"#PBS -l filesystems={site.filesystems}", f"#PBS -l place={site.place}", "#PBS -k doe"]
     return "\n".join(lines + ([site.scheduler_options.strip()] if site.scheduler_options.strip() else []))
+
+
+def with_mail(template: str, mail: str, to: list[str]) -> str:
+    """Parsl's PBS Pro template with the site's `-m` in place of its fixed `#PBS -m n`, and a
+    `#PBS -M` line when addresses are given (a second `-m` line would leave PBS to choose)."""
+    lines = ["#PBS -m " + mail + (f"\n#PBS -M {','.join(to)}" if to else "") if line.strip() == "#PBS -m n" else line
+             for line in template.split("\n")]
+    return "\n".join(lines)
 
 
 def login_shell(template: str) -> str:

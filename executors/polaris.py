@@ -81,6 +81,8 @@ class PolarisSite(pbs.PBSSite):
     DRY_RUN_JOB_ID: ClassVar[str] = "DRYRUN.polaris-pbs-01.hsn.cm.polaris.alcf.anl.gov"
     COLLECTIVE_ENV: ClassVar[tuple[tuple[str, str], ...]] = COLLECTIVE_ENV
     COLLECTIVE_JOB_LINES: ClassVar[tuple[str, ...]] = COLLECTIVE_JOB_LINES
+    COMPUTE_NODES_ONLINE: ClassVar[bool] = False
+    """Polaris' compute nodes reach the internet only through ALCF's proxy: W&B logs offline by default."""
 
     kind: Literal["polaris"] = "polaris"
     """Site kind."""

@@ -11,10 +11,11 @@ older revision is refused with the command that upgrades it; nothing is changed.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,13 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from campaign.errors import LeaseLost, LedgerError, NoLedger
+
+logger = logging.getLogger(__name__)
+
+COMMITTED_EVENTS = "campaign.events"
+"""Key of `Session.info` under which `writes.add_event` keeps, for each event a unit of work
+adds, a function that makes its record; `Ledger.session` calls them after the commit (the
+rows have their ids then) and hands the records to its listeners."""
 
 
 def default_url(workdir: str | Path) -> str:
@@ -166,6 +174,11 @@ class Ledger:
     """(campaign id, lease token) while a driver holds a campaign's lease (`DriverLease`):
     every unit of work then checks, in its own transaction, that the token still holds the
     lease, and commits nothing if it does not (a fencing token)."""
+    listeners: list[Callable[[list[dict[str, Any]]], None]] = field(default_factory=list)
+    """Called after each commit with the records of the events that unit of work added
+    (`writes.add_event`; the driver's observers: TensorBoard, W&B, notifications). A
+    listener must not raise (one that does is logged): the commit has happened, and the
+    unit of work must not be tried again."""
 
     def retrying(self, what: str, *, outage_s: float | None = None,
                  warn: Callable[[str], None] | None = None, fenced: bool = True,
@@ -212,6 +225,7 @@ class Ledger:
             if fenced and self.fence is not None:
                 _check_fence(s, *self.fence)
             s.commit()
+            made = s.info.pop(COMMITTED_EVENTS, ())
         except BaseException as e:
             s.rollback()
             broken = explain(e, self.engine) if isinstance(e, Exception) and not transient(e) else None
@@ -220,6 +234,21 @@ class Ledger:
             raise
         finally:
             s.close()
+        self._tell(made)  # after the commit, outside it: nothing here can roll back or retry the unit
+
+    def _tell(self, made: Sequence[Callable[[], dict[str, Any]]]) -> None:
+        if not made or not self.listeners:
+            return
+        try:
+            events = [m() for m in made]
+        except Exception:  # noqa: BLE001 - as below: the commit stands
+            logger.exception("the records of %d committed event(s) could not be made", len(made))
+            return
+        for listener in list(self.listeners):
+            try:
+                listener(events)
+            except Exception:  # noqa: BLE001 - committed already: never make the unit of work fail or retry
+                logger.exception("a ledger listener failed on %d event(s)", len(events))
 
     def close(self) -> None:
         self.engine.dispose()

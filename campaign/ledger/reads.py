@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -73,6 +73,25 @@ def list_open_attempts(s: Session, c: Campaign) -> Sequence[Attempt]:
 def list_events(s: Session, c: Campaign, *, after_id: int = 0, limit: int = 1000) -> Sequence[Event]:
     q = sa.select(Event).where(Event.campaign_id == c.id, Event.id > after_id).order_by(Event.id).limit(limit)
     return s.scalars(q).all()
+
+
+def event_record(ev: Event, *, campaign: str, version: int, stage: str | None, attempt: int | None) -> dict[str, Any]:
+    """An event as the driver's observers see it (plain JSON: it goes to a notification
+    command's stdin as it is): id (the ledger's order of events), kind, message, data,
+    campaign, version, stage, attempt, time."""
+    when = ev.created or utcnow()
+    return {"id": ev.id, "kind": ev.kind, "message": ev.message, "data": ev.data or {}, "campaign": campaign, "version": version,
+            "stage": stage, "attempt": attempt, "time": when.replace(tzinfo=dt.timezone.utc).isoformat()}
+
+
+def list_event_records(s: Session, c: Campaign) -> Iterator[dict[str, Any]]:
+    """Every event of the campaign, oldest first, as `event_record`s (what `ledger export
+    --format tensorboard` replays)."""
+    q = (sa.select(Event, StageRun.name, StageRun.version, Attempt.number)
+         .outerjoin(StageRun, Event.stage_run_id == StageRun.id).outerjoin(Attempt, Event.attempt_id == Attempt.id)
+         .where(Event.campaign_id == c.id).order_by(Event.id))
+    for ev, stage, version, number in s.execute(q):
+        yield event_record(ev, campaign=c.name, version=version or c.version, stage=stage, attempt=number)
 
 
 def jsonable(value: Any) -> Any:

@@ -16,7 +16,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from campaign.ledger.models import Attempt, Campaign, Checkpoint, Event, Exclusion, Lease, StageRun, db_utcnow, utcnow
-from campaign.ledger.reads import METRIC_FIELDS, current_stage_runs, get_lease, jsonable, list_exclusions
+from campaign.ledger.db import COMMITTED_EVENTS
+from campaign.ledger.reads import METRIC_FIELDS, current_stage_runs, event_record, get_lease, jsonable, list_exclusions
 
 
 def create_campaign(s: Session, *, name: str, digest: str, spec_json: dict[str, Any], source: str,
@@ -248,9 +249,18 @@ def drop_lease(s: Session, c: Campaign, token: str) -> None:
 
 def add_event(s: Session, c: Campaign, kind: str, message: str, *, stage_run: StageRun | None = None,
               attempt: Attempt | None = None, data: dict[str, Any] | None = None) -> Event:
+    """The one door of every transition: the event row, and its record (`reads.event_record`)
+    for the ledger's listeners (`Ledger.listeners`: the driver's observers), who get it once
+    the unit of work has committed, never for a try that rolled back."""
     ev = Event(campaign_id=c.id, stage_run_id=stage_run.id if stage_run else None,
-               attempt_id=attempt.id if attempt else None, kind=kind, message=message, data=jsonable(data or {}))
+               attempt_id=attempt.id if attempt else None, kind=kind, message=message, data=jsonable(data or {}),
+               created=utcnow())
     s.add(ev)
+    campaign, version = c.name, stage_run.version if stage_run else c.version
+    stage, number = stage_run.name if stage_run else None, attempt.number if attempt else None
+    # Made after the commit, when the row has its id (the order of every event of the ledger).
+    s.info.setdefault(COMMITTED_EVENTS, []).append(
+        lambda: event_record(ev, campaign=campaign, version=version, stage=stage, attempt=number))
     return ev
 
 

@@ -580,3 +580,40 @@ def test_nodes_commands(tmp_path: Path, run_cli) -> None:
     assert (code, out) == (0, "n3 on local: 1 exclusion(s) lifted\n")
     code, out, err = run_cli("nodes", "include", "n3", "--site", "local", "--db", url)
     assert code == 2 and "n3 is not excluded on local" in err
+
+
+def test_listeners_get_each_committed_event_once_and_none_of_a_rolled_back_try(ledger: Ledger) -> None:
+    """The one door (`writes.add_event`) feeds the driver's observers only with what the
+    ledger holds: a unit of work that rolls back tells nobody; one that commits tells each
+    listener once, with the rows' ids, after the commit; a listener that raises changes nothing."""
+    _new_campaign(ledger)
+    attempt_id = _attempt(ledger)
+    heard: list[dict[str, Any]] = []
+
+    def broken(_: Any) -> None:
+        raise RuntimeError("a sink that fails")
+
+    ledger.listeners += [broken, heard.extend]
+    with pytest.raises(ZeroDivisionError), ledger.session() as s:
+        run = reads.get_stage_run(s, "demo", "smoke")
+        assert run is not None
+        writes.add_event(s, run.campaign, "relaunch", "never committed", stage_run=run)
+        1 / 0
+    assert heard == []
+    with ledger.session() as s:
+        a = s.get(Attempt, attempt_id)
+        assert a is not None
+        writes.set_stage_state(s, a.stage_run, "running")
+        writes.add_event(s, a.stage_run.campaign, "relaunch", "relaunching after stalled", stage_run=a.stage_run,
+                         attempt=a, data={"exit_class": "stalled", "x": math.nan})
+    assert [(e["kind"], e["stage"], e["attempt"], e["campaign"], e["version"]) for e in heard] == [
+        ("stage_state", "smoke", None, "demo", 1), ("relaunch", "smoke", 1, "demo", 1)]
+    assert heard[1]["data"] == {"exit_class": "stalled", "x": None} and heard[1]["message"] == "relaunching after stalled"
+    with ledger.session() as s:
+        c = reads.get_campaign(s, "demo")
+        assert c is not None
+        rows = {e.id: e for e in reads.list_events(s, c)}
+        assert all(rows[e["id"]].kind == e["kind"] for e in heard), "each record is its row"
+        replayed = [r for r in reads.list_event_records(s, c) if r["id"] in {e["id"] for e in heard}]
+    assert replayed == heard, "ledger export replays the same records the driver heard"
+    assert dt.datetime.fromisoformat(heard[0]["time"]).tzinfo is not None

@@ -23,7 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 SOURCES = ("campaign", "stages", "executors", "migrations")
 # import name -> (extra that declares it, the only files that may import it, lazily)
 OPTIONAL = {"globus_compute_sdk": ("globus", {"campaign/remote.py"}),
-            "tokenizers": ("data", {"campaign/train/tokenfile.py"})}
+            "tokenizers": ("data", {"campaign/train/tokenfile.py"}),
+            "tensorboard": ("tensorboard", {"campaign/observe/tensorboard.py"}),
+            "wandb": ("wandb", {"campaign/observe/wandb.py"})}
 # import name -> the only file that may import it: what torch's GPU builds bring with them
 # (not ours to declare: a CPU build has none). That file is imported only inside a function,
 # behind an ImportError guard (test_triton_stays_behind_the_guard).

@@ -385,3 +385,19 @@ def test_aurora_workers_connect_over_hsn0_where_the_drivers_host_has_it(tmp_path
 
     assert LoopbackAurora(account="p").parsl_config(tmp_path).executors[0].address == "127.0.0.1"
     assert LoopbackAurora(account="p", address="10.1.2.3").parsl_config(tmp_path).executors[0].address == "10.1.2.3"
+
+
+@pytest.mark.parametrize("kind", ["aurora", "polaris"])
+def test_pbs_jobs_mail_when_and_whom_the_site_says(tmp_path: Path, kind: str) -> None:
+    # Parsl's PBS Pro template fixes `#PBS -m n`; the site's `mail` replaces that line (a second
+    # -m line would leave PBS to pick one) and `mail_to` adds -M. The default stays `-m n`.
+    cls = {"aurora": AuroraSite, "polaris": PolarisSite}[kind]
+    script, _ = cls(account="p", mail="ae", mail_to=["me@example.org", "ops@example.org"]).dry_run(tmp_path / "a")
+    assert [line for line in script.splitlines() if line.startswith(("#PBS -m", "#PBS -M"))] == \
+        ["#PBS -m ae", "#PBS -M me@example.org,ops@example.org"]
+    default, _ = cls(account="p").dry_run(tmp_path / "b")
+    assert [line for line in default.splitlines() if line.startswith(("#PBS -m", "#PBS -M"))] == ["#PBS -m n"]
+    assert not cls.COMPUTE_NODES_ONLINE, "W&B logs offline by default where compute nodes have no internet"
+    for bad in ({"mail": "x"}, {"mail_to": ["me@example.org\n#PBS -l select=999"]}):
+        with pytest.raises(ValueError):
+            cls(account="p", **bad)

@@ -78,8 +78,8 @@ MALFORMED: list[tuple[str, str | bytes, str]] = [
      "model.size: must be one of 'tiny', 'small', 'gpt2-124m', '1b' or 'auroragpt-2b'; got 'huge' ({f}, line 3)"),
     # unknown keys
     ("unknown-top", "name: demo\nstagez: []\nstages:\n  - kind: smoke\n",
-     "stagez: unknown key; did you mean 'stages'? (known here: name, description, site, model, data, trainer, stages) "
-     "({f}, line 2)"),
+     "stagez: unknown key; did you mean 'stages'? (known here: name, description, site, model, data, trainer, stages, "
+     "observe, notify) ({f}, line 2)"),
     ("unknown-site", "name: demo\nsite:\n  kind: local\n  colour: blue\nstages:\n  - kind: smoke\n",
      "site.colour: unknown key (known here: {local_fields}) ({f}, line 4)"),
     ("unknown-stage", "name: demo\nstages:\n  - kind: smoke\n    stepz: 4\n",
