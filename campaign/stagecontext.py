@@ -12,6 +12,7 @@ it runs (idempotent per step). Only the driver process writes the ledger.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime as dt
 import time
@@ -93,7 +94,7 @@ class StageContext:
         self.spec = engine.spec
         self.stage_dir = engine.run_root / run.name
         self._bad_rows: dict[int, dict[str, Any]] = {}  # attempt id -> summary["bad_metric_rows"] so far
-        self._read_at: dict[int, tuple[int, int]] = {}  # attempt id -> (next line, last valid step) of metrics.jsonl
+        self._read_at: dict[int, tuple[int, report.StepChain]] = {}  # attempt id -> (next line, its rows) of metrics.jsonl
 
     @property
     def ledger(self) -> Ledger:
@@ -245,6 +246,7 @@ class StageContext:
         except OSError as e:  # a full or read-only work directory: not the stage's fault, nothing launched
             self._unlaunched(attempt_id, run_dir, e)
         steps = targets.steps
+        self._read_at[attempt_id] = (1, _chain(request, steps))
         self.engine.progress.attempt_started(self.run.name, number, n, steps, label)
         self.engine.current_run_dir = run_dir
         rep, offset = self._supervise(request, attempt_id, steps)
@@ -256,7 +258,7 @@ class StageContext:
             rep, offset = self._supervise(request, attempt_id, steps)
         self.engine.current_run_dir = None
         self._ingest(attempt_id, run_dir, offset, steps, last=True)
-        return self._finish(attempt_id, number, run_dir, rep, ckpt, steps)
+        return self._finish(attempt_id, number, run_dir, rep, ckpt, _chain(request, steps))
 
     def _unlaunched(self, attempt_id: int, run_dir: Path, e: OSError) -> NoReturn:
         """Close the attempt row of a launch the driver could not prepare, and stop the driver
@@ -317,13 +319,17 @@ class StageContext:
         ledger does not answer, the offset stays: the rows are ingested at a later tick
         (metrics.jsonl is the buffer), and the attempt goes on. `last`: the attempt has
         ended, there is no later tick: retry through the outage (`Ledger.retrying`).
-        Rows are checked (`report.check_metrics_row`, steps beyond `steps` or not going up):
-        a bad one is skipped and counted, and the driver warns once per attempt."""
-        line, after = self._read_at.get(attempt_id, (1, -1))
-        got = report.read_metrics_checked(run_dir, offset, line=line, after=after, max_step=steps)
+        Rows are checked (`report.check_metrics_row`, and by their place among the attempt's
+        rows: `report.StepChain`, steps beyond `steps` included): a bad one is skipped and
+        counted, and the driver warns once per attempt. A row held by the chain (a jump ahead,
+        waiting for the next row) is ingested once confirmed, or at the `last` read."""
+        line, kept = self._read_at.get(attempt_id) or (1, report.StepChain(max_step=steps))
+        chain = copy.deepcopy(kept)  # a read the ledger refuses is read again from the same state
+        got = report.read_metrics_checked(run_dir, offset, line=line, chain=chain, final=last)
         earlier = self._bad_rows.get(attempt_id)
         bad = report.bad_rows_summary(got, run_dir, earlier)
         if not (got.rows or got.bad):
+            self._read_at[attempt_id] = (got.line, chain)  # a row held by the chain is not read again
             return got.offset
         if last:
             for unit in self.engine.writes("ingesting the attempt's last steps"):
@@ -338,7 +344,7 @@ class StageContext:
                     raise
                 self.engine.ledger_unreachable(e)
                 return offset  # read again at the next tick: nothing counted twice
-        self._read_at[attempt_id] = (got.line, got.last_step)
+        self._read_at[attempt_id] = (got.line, chain)
         if bad is not None and earlier is None:
             self.engine.progress.event(f"warning: {self.run.name} attempt {number}: {reads.bad_rows_line(bad)}")
         if bad is not None:
@@ -369,8 +375,9 @@ class StageContext:
         return int(a.number)
 
     def _finish(self, attempt_id: int, number: int, run_dir: Path, rep: AttemptReport, ckpt: Path,
-                steps: int) -> AttemptOutcome:
-        checked = report.read_metrics_checked(run_dir, max_step=steps)  # the whole file: the bad-row count is exact
+                chain: report.StepChain) -> AttemptOutcome:
+        # the whole file with a fresh chain: the bad-row count is exact
+        checked = report.read_metrics_checked(run_dir, chain=chain, final=True)
         metrics, summary = checked.rows, _summary(rep)
         bad = report.bad_rows_summary(checked, run_dir)
         if bad is not None:
@@ -412,6 +419,11 @@ def rescue_message(r: dict[str, Any]) -> str:
         return (f"rescue checkpoint of step {r['step']} saved by rank {r['rank']} in {r.get('seconds', 0):.2f} s "
                 f"(asked {r.get('waited_s', 0):.2f} s before the launch was stopped)")
     return f"no rescue checkpoint: {r.get('why', 'unknown')}"
+
+
+def _chain(request: AttemptRequest, steps: int) -> report.StepChain:
+    """A fresh judge of the attempt's metrics rows: after the checkpoint it resumes from, up to `steps`."""
+    return report.StepChain(max_step=steps, start=request.resume_step or 0)
 
 
 def _last_step(run_dir: Path) -> int | None:
