@@ -552,3 +552,38 @@ def _group_alive(pgid: int) -> bool:
         return True
     except ProcessLookupError:
         return False
+
+
+RANK1_FAILS_LATE = textwrap.dedent('''
+    """Rank 0 (whose output is read) trains every step and exits 0; rank 1 then exits 3."""
+    import os, sys, time
+    steps = int(os.environ["CAMPAIGN_MAX_STEPS"])
+    if os.environ["RANK"] != "0":
+        time.sleep(0.05 * steps + 1.5)
+        sys.exit(3)
+    for step in range(1, steps + 1):
+        time.sleep(0.05)
+        print(f"iter {step}: loss {3.0 - 0.1 * step:.4f}, time 50.00ms", flush=True)
+''')
+
+
+def test_a_failure_after_rank_0_reached_the_target_is_not_relaunched(tmp_path: Path) -> None:
+    """Issue 39, item 5: rank 0 had reported the long run's last step when rank 1 failed; the
+    relaunch redid the steps (this trainer saves no checkpoint: all of them) and the verdict
+    quoted the earlier attempt's final loss. Now the stage ends there, on rank 0's own final
+    step and loss, and says how the launch ended."""
+    (tmp_path / "late.py").write_text(RANK1_FAILS_LATE)
+    spec = _spec([{"kind": "long_run", "steps": 6, "checkpoint_every": 3, "timeout_s": 60, "backoff_s": 0,
+                   "exclude_suspects": False, "watchdog": {"exit_s": 20, "drill_s": 0}}],
+                 command=["{python}", str(tmp_path / "late.py")], progress="stdout",
+                 step_pattern=r"iter (?P<step>\d+): loss (?P<loss>[\d.]+)")
+    engine = _engine(spec, tmp_path)
+    assert engine.submit() == 0
+    attempts = _attempts(engine)
+    with engine.ledger.session() as s:
+        [run] = reads.current_stage_runs(s, reads.get_campaign(s, "inproc"))
+        verdict, numbers = run.verdict, dict(run.numbers or {})
+    assert [(a[2], a[3]) for a in attempts] == [("crashed_unknown", 3)], attempts
+    assert "reached 6 steps (step 6," in verdict and "final loss 2.4000" in verdict, verdict
+    assert "attempt 1 then ended crashed_unknown (exit 3) after its rank 0 reported the last step" in verdict, verdict
+    assert "not relaunched" in verdict and numbers["last_step"] == 6

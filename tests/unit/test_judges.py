@@ -221,6 +221,34 @@ class TestLongRun:
                                carried={"step": 30, "tokens": 3000, "loss": 1.5})
         assert not short.passed and "short of the target" in short.reason
 
+    def test_a_step_trained_again_is_quoted_from_the_later_attempt(self) -> None:
+        """Issue 39, item 5: the verdict quoted the earlier attempt's loss for the final step
+        that a relaunch trained again."""
+        first = self.attempt(1, "crashed_unknown", range(1, 15))
+        again = self.attempt(0, "succeeded", range(9, 15))
+        again["metrics"] = [{**m, "loss": 1.25} for m in again["metrics"]]
+        v = long_run.judge([first, again], steps=14, tokens=None)
+        assert v.passed and "final loss 1.2500" in v.reason and v.numbers["last_loss"] == 1.25, v.reason
+
+    def test_a_failure_after_rank_0_reported_the_target_is_not_relaunched(self) -> None:
+        """Issue 39, item 5: a rank crashed after rank 0 had reported the last step; the relaunch
+        redid steps from an older checkpoint. The stage stops there and passes on that
+        attempt's own final step and loss, saying how the launch ended."""
+        class O:
+            def __init__(self, code: int, cls: str, last: int | None) -> None:
+                self.exit_code, self.exit_class, self.last_step = code, cls, last
+                self.report = type("R", (), {"finding": {}})()
+
+        stage = long_run.LongRunStage(steps=14, max_attempts=3)
+        assert long_run.next_action([O(3, "crashed_unknown", 14)], stage, target_step=14) == "target reached"
+        assert long_run.next_action([O(3, "crashed_unknown", 13)], stage, target_step=14) is None
+        assert long_run.next_action([O(94, "diverged", 14)], stage, target_step=14) == "not resumable"
+        a = self.attempt(3, "crashed_unknown", range(1, 15), error="rank 1 on n2 exited with 3")
+        v = long_run.judge([a], steps=14, tokens=None, stop="target reached")
+        assert v.passed and "reached 14 steps (step 14, 1,400 tokens)" in v.reason, v.reason
+        assert ("attempt 1 then ended crashed_unknown (exit 3) after its rank 0 reported the last step: rank 1 on n2 "
+                "exited with 3; not relaunched") in v.reason, v.reason
+
     def test_budget_spent(self) -> None:
         a = [self.attempt(1, "crashed_node", range(1, 5))] * 3
         v = long_run.judge(a, steps=40, tokens=None, stop="budget", max_attempts=3)
