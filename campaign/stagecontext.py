@@ -16,6 +16,7 @@ import copy
 import dataclasses
 import datetime as dt
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -169,17 +170,21 @@ class StageContext:
                                        "suspects": [s.to_dict() for s in finding.suspects]})
 
     def launch_confirmed(self, targets: Targets, *, retry_targets: Targets | None = None,
+                         before_retry: Callable[[AttemptOutcome], Targets | None] | None = None,
                          **kw: Any) -> tuple[AttemptOutcome, AttemptOutcome | None]:
         """`launch`, and when the attempt ends in a class the evidence can neither pin on a node
         nor call systemic (`exits.CONFIRM_ONCE`: a one-off abort, say), the one confirming retry
         the finding promised, with the ranks moved to other nodes (`retry_targets`, if given).
+        `before_retry(first)`: called before the retry (a stage puts back the state under test,
+        e.g. the checkpoint to resume from); the targets it returns, if any, are the retry's.
         Returns the outcome to judge (the retry's, with `confirm`'s reading of both failures)
         and the first outcome when a retry was made (None otherwise)."""
         first = self.launch(targets, **kw)
         if first.exit_class not in exits.CONFIRM_ONCE:
             return first, None
         label = ", ".join(x for x in (kw.get("label"), "confirming retry") if x)
-        retry = self.launch(retry_targets or targets, **{**kw, "label": label, "rotate": 1})
+        again = before_retry(first) if before_retry is not None else None
+        retry = self.launch(again or retry_targets or targets, **{**kw, "label": label, "rotate": 1})
         return self.confirm(first, retry), first
 
     def exclude_stragglers(self, outcome: AttemptOutcome, *, hours: float | None) -> list[str]:

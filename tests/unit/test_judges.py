@@ -323,6 +323,32 @@ class TestResumeTest:
                                                    self.resumed(shift=1e-7), 0.0, checkpoint_step=10)])
         assert "steps 11-12 matched: the state was restored" in v.reason, v.reason
 
+    def test_a_resume_that_repeats_the_interrupted_run_is_not_blamed_for_the_runs_differing(self) -> None:
+        """Issue 39, item 5: the interrupted run trained another run than the reference (before:
+        max_steps 10^9 changed build-nanogpt's cosine from step 13); the resumed steps equal its
+        own logged steps bit for bit, so the verdict says the resume restored that run and the
+        two runs differ, instead of blaming "a script that reseeds its RNG"."""
+        other = [{**m, "loss": m["loss"] + (0.01 if m["step"] >= 3 else 0.0)} for m in self.ref]  # from step 3
+        cut = {"exit_code": 137, "metrics": [m for m in other if m["step"] <= 12]}
+        resumed = {"exit_code": 0, "exit_class": "succeeded", "metrics": [m for m in other if m["step"] >= 11]}
+        c = resume_test.compare("SIGKILL", self.ref, cut, resumed, 0.0, checkpoint_step=10, own_checkpoint=True)
+        v = resume_test.judge([c])
+        assert not v.passed and "loss differs first at step 11" in v.reason, v.reason
+        assert ("the resumed steps 11-12 equal the interrupted run's own bit for bit: the checkpoint restored that run "
+                "exactly; the interrupted run itself differs from the reference from step 3") in v.reason, v.reason
+        assert "reseeds" not in v.reason and c["cut_max_abs_diff"] == 0 and c["cut_first_differing_step"] is None
+
+    def test_the_resumed_steps_are_compared_with_the_interrupted_runs_own(self) -> None:
+        cut = {"exit_code": 137, "metrics": [m for m in self.ref if m["step"] <= 12]}
+        v = resume_test.judge([resume_test.compare("SIGKILL", self.ref, cut, self.resumed(), 0.0, checkpoint_step=10)])
+        assert v.passed and "equal bit for bit (the interrupted run's own steps 11-12: bit for bit)" in v.reason, v.reason
+        reseeded = self.resumed()
+        reseeded["metrics"] = [{**m, "loss": m["loss"] + 0.003} for m in reseeded["metrics"]]  # type: ignore[attr-defined]
+        v = resume_test.judge([resume_test.compare("SIGKILL", self.ref, cut, reseeded, 0.0, checkpoint_step=10,
+                                                   own_checkpoint=True)])
+        assert "the resumed step 11 differs from the interrupted run's own too (4.893 vs 4.89)" in v.reason, v.reason
+        assert "reseeds its RNG" in v.reason
+
     def test_token_gap_is_caught(self) -> None:
         c = resume_test.compare("SIGKILL", self.ref, {"exit_code": 137}, self.resumed(tokens_off=10), 0.0)
         assert "tokens do not continue" in resume_test.judge([c]).reason
