@@ -9,7 +9,9 @@ single-process (`env -u RANK`) from its own folder: two replicas, rank 0's outpu
 (`progress: stdout`, `first_step: 0`), each saving one `ckpt.pt` (no step in the name) in its
 own folder, saved at `--eval_interval` (the resume test's {checkpoint_at}, else
 {checkpoint_every}; "never" for 0). A step takes 0.02-0.1 s here, so the resume test saves
-at step 50 and interrupts after 51: 49 steps before the next save would overwrite ckpt.pt.
+at step 50 and interrupts after 51, and both its runs train to step 90 (the interrupted one
+has the reference's max_steps: the signal must land in the 39 steps left, before the run ends;
+no save at 100 overwrites ckpt.pt).
 """
 
 from __future__ import annotations
@@ -120,7 +122,9 @@ def test_nanogpt_long_run_and_resume_test_from_its_own_ckpt_pt(ws: Workspace) ->
         # nanoGPT saves ckpt.pt at every multiple of --eval_interval (here 50): the interrupt after
         # step 51 must land before step 100's save overwrites it. At 10 (the next save at 20) it
         # landed late under load (steps of ~0.02 s, polled every 0.25 s) and resumed from 20.
-        {"kind": "resume_test", "checkpoint_step": 50, "interrupt_step": 51, "steps": 54, "signals": ["SIGKILL"],
+        # The interrupted run trains to step 90 as the reference does (issue 39): the signal ends
+        # it, within the 39 steps left (0.8-4 s here).
+        {"kind": "resume_test", "checkpoint_step": 50, "interrupt_step": 51, "steps": 90, "signals": ["SIGKILL"],
          "tolerance": 0.5, "timeout_s": 120},
     ])
     r = _submit(ws, spec)
