@@ -95,7 +95,8 @@ def test_nanogpt_smoke_loss_check_and_scaling_from_step_times(ws: Workspace) -> 
     spec = nanogpt_spec(ws, [
         {"kind": "smoke", "steps": 3, "timeout_s": 120},
         {"kind": "loss_check", "steps": 5, "window": 2, "reference": {"record": True}, "timeout_s": 120},
-        {"kind": "scaling", "node_counts": [1, 2], "steps": 5, "warmup_steps": 1, "loss_window": 2,
+        # batch: strong cannot shrink a script's own batch (issue 39): each count is counted at it
+        {"kind": "scaling", "node_counts": [1, 2], "batch": "strong", "steps": 5, "warmup_steps": 1, "loss_window": 2,
          "min_efficiency": 0.1, "timeout_s": 120},
     ])
     r = _submit(ws, spec)
@@ -110,7 +111,13 @@ def test_nanogpt_smoke_loss_check_and_scaling_from_step_times(ws: Workspace) -> 
     with ledger.session() as s:
         smoke = reads.get_stage_run(s, "nanogpt", "smoke")
         steps = [(m.step, m.tokens) for m in reads.list_steps(s, smoke.attempts[0].id)]
+        scaling = reads.get_stage_run(s, "nanogpt", "scaling")
+        scaled = [[m.tokens for m in reads.list_steps(s, a.id)] for a in scaling.attempts]
     ledger.close()
+    # each replica trains seq_len 16 x micro_batch 2 x grad_accum 16 = 512 tokens a step at every count
+    # (before: the strong micro-batch of 1 at 2 nodes was counted, 512 a step for 2 replicas' 1,024)
+    assert scaled == [[512 * k for k in range(1, 6)], [1024 * k for k in range(1, 6)]], scaled
+    assert "stages[2].batch: strong shrinks the built-in trainer's per-rank batch" in r.out + r.err
     assert [st for st, _ in steps] == [1, 2, 3], "iter 0..2 of a script counting from 0: exactly the 3 steps asked"
     # no tokens in its lines: the spec's batch, seq_len 16 x micro_batch 2 x grad_accum 16 x 2 ranks
     assert [tok for _, tok in steps] == [1024, 2048, 3072], steps
