@@ -306,10 +306,7 @@ def custom_trainer_warnings(spec: CampaignSpec) -> list[str]:
         if st.token_target() and spec.trainer.progress == "stdout":
             out.append(f"stages[{i}].tokens: a token target needs tokens in the progress lines; with progress: "
                        "stdout give `steps` unless step_pattern has a `tokens` group")
-        if getattr(st, "batch", None) == "strong" and not takes_batch(spec.trainer):
-            out.append(f"stages[{i}].batch: strong shrinks the built-in trainer's per-rank batch; your trainer "
-                       "(progress: stdout) keeps the one its own arguments give it, so each node count trains and "
-                       "is counted at trainer.micro_batch_size per rank (weak scaling)")
+        out += [f"stages[{i}].{line}" for line in st.trainer_warnings(spec.trainer)]
     return out
 
 

@@ -98,6 +98,15 @@ class ScalingStage(StageSpec):
     def attempt_nodes(self, site_nodes: int) -> list[int]:
         return list(self.node_counts)
 
+    def trainer_warnings(self, trainer: Any) -> list[str]:
+        from campaign.contract import takes_batch
+
+        if self.batch == "strong" and not takes_batch(trainer):
+            return ["batch: strong shrinks the built-in trainer's per-rank batch; your trainer (progress: stdout) keeps "
+                    "the one its own arguments give it, so each node count trains and is counted at "
+                    "trainer.micro_batch_size per rank (weak scaling)"]
+        return []
+
     def attempts_bound(self) -> int:
         return len(self.node_counts)
 
