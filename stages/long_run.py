@@ -303,8 +303,9 @@ def judge(attempts: list[dict[str, Any]], *, steps: int, tokens: int | None, sto
             faults += f", suspected {', '.join(numbers['suspects'])} (none excluded)"
     late = f"; {last['stall']}" if last.get("killed_by") == "exit_hung" and last.get("stall") else ""
     if stop == "target reached":
+        # the finding's first sentence (what failed, the line quoted); not what it promised next (a retry)
+        what = str(last.get("error") or "").split(". ")[0]
         late += (f"; attempt {len(attempts)} then ended {last.get('exit_class')} (exit {last.get('exit_code')}) after its "
-                 f"rank 0 reported the last step{': ' + str(last['error']) if last.get('error') else ''}; not relaunched "
-                 "(no step left to train)")
+                 f"rank 0 reported the last step{': ' + what if what else ''}; not relaunched (no step left to train)")
     return Verdict(True, f"reached {target} (step {final['step']}, {final['tokens']:,} tokens){faults}; "
                    f"final loss {loss:.4f}{late}", numbers)

@@ -243,11 +243,13 @@ class TestLongRun:
         assert long_run.next_action([O(3, "crashed_unknown", 14)], stage, target_step=14) == "target reached"
         assert long_run.next_action([O(3, "crashed_unknown", 13)], stage, target_step=14) is None
         assert long_run.next_action([O(94, "diverged", 14)], stage, target_step=14) == "not resumable"
-        a = self.attempt(3, "crashed_unknown", range(1, 15), error="rank 1 on n2 exited with 3")
+        a = self.attempt(3, "crashed_unknown", range(1, 15), error="rank 1 on n2 exited with 3; its log (/r/rank-1.log) "
+                         "shows no error line. Not enough evidence to blame a node; none blamed, one confirming retry.")
         v = long_run.judge([a], steps=14, tokens=None, stop="target reached")
         assert v.passed and "reached 14 steps (step 14, 1,400 tokens)" in v.reason, v.reason
         assert ("attempt 1 then ended crashed_unknown (exit 3) after its rank 0 reported the last step: rank 1 on n2 "
-                "exited with 3; not relaunched") in v.reason, v.reason
+                "exited with 3; its log (/r/rank-1.log) shows no error line; not relaunched") in v.reason, v.reason
+        assert "confirming retry" not in v.reason
 
     def test_budget_spent(self) -> None:
         a = [self.attempt(1, "crashed_node", range(1, 5))] * 3
