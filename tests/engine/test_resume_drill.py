@@ -20,21 +20,28 @@ from campaign.spec import CampaignSpec
 
 COSINE = textwrap.dedent('''
     """One number of state, a cosine LR over max_steps; checkpoints at checkpoint_at and at its
-    end; argv: seconds per step, and the attempt whose launch aborts at exit (0: none)."""
+    end; argv: seconds per step, the attempt whose launch aborts at exit (0: none), and
+    optionally "own": one ckpt.json of its own, rewritten at every save (as nanoGPT's ckpt.pt)."""
     import json, math, os, sys, time
+    from pathlib import Path
     from campaign import report
-    pace, abort_in = float(sys.argv[1]), int(sys.argv[2])
+    pace, abort_in, own = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3:] == ["own"]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     rep = report.Reporter.from_env(rank=rank, local_rank=int(os.environ["LOCAL_RANK"]), world_size=world)
     report.startup_check([report.rank_identity(rank, 0)], 1.0, rank=rank)
     run = report.run_config()
     w, step = 0.0, 0
-    latest = report.latest_complete_checkpoint(run["checkpoint_dir"]) if run["resume"] else None
-    if latest is not None:
-        state = json.loads((latest / "state.json").read_text())
+    single = Path(run["checkpoint_dir"]) / "ckpt.json"
+    latest = report.latest_complete_checkpoint(run["checkpoint_dir"]) if run["resume"] and not own else None
+    if latest is not None or (own and run["resume"] and single.exists()):
+        state = json.loads((single if own else latest / "state.json").read_text())
         w, step = state["w"], state["step"]
 
     def save(step):
+        if own:
+            single.parent.mkdir(parents=True, exist_ok=True)
+            report.write_json_atomic(single, {"w": w, "step": step})
+            return
         path = report.begin_checkpoint(run["checkpoint_dir"], step, rank=rank)
         (path / "state.json").write_text(json.dumps({"w": w, "step": step}))
         report.complete_checkpoint(path, step=step, tokens=8 * step, rank=rank)
@@ -58,12 +65,15 @@ COSINE = textwrap.dedent('''
 ''')
 
 
-def _resume_test(tmp_path: Path, pace: float, abort_in: int, **stage: Any) -> tuple[Engine, io.StringIO]:
+def _resume_test(tmp_path: Path, pace: float, abort_in: int, own: bool = False,
+                 **stage: Any) -> tuple[Engine, io.StringIO]:
     script = tmp_path / "cosine.py"
     script.write_text(COSINE)
+    trainer: dict[str, Any] = {"command": ["{python}", str(script), str(pace), str(abort_in)]}
+    if own:
+        trainer = {"command": [*trainer["command"], "own"], "checkpoints": {"glob": "ckpt.json", "complete": "exists"}}
     spec = CampaignSpec.model_validate({
-        "name": "drill", "site": {"kind": "local", "nodes": 1, "ranks_per_node": 1},
-        "trainer": {"command": ["{python}", str(script), str(pace), str(abort_in)]},
+        "name": "drill", "site": {"kind": "local", "nodes": 1, "ranks_per_node": 1}, "trainer": trainer,
         "stages": [{"name": "resume", "kind": "resume_test", "checkpoint_step": 10, "interrupt_step": 12, "steps": 16,
                     "signals": ["SIGKILL"], "timeout_s": 120, **stage}]})
     log = io.StringIO()
@@ -117,6 +127,25 @@ def test_a_schedule_over_max_steps_resumes_bit_for_bit_and_a_retry_loads_the_che
     assert "1 checkpoint(s) written after step 10 by attempt 3 (step(s) 16)" in aside, aside
     assert "on a confirming retry: attempt 3 ended crashed_unknown, exit 3: 'terminate called without an active " \
         "exception'" in verdict, verdict
+
+
+def test_a_retry_whose_checkpoint_under_test_was_overwritten_interrupts_a_run_again(tmp_path: Path) -> None:
+    """Item 5 (b), a trainer's own single checkpoint file (nanoGPT's ckpt.pt): the failed
+    resume rewrote it at its end (step 16), so the checkpoint of step 10 is gone; the
+    confirming retry does not load the later one: a run is interrupted again, into its own
+    folder, and the retry resumes from that run's checkpoint of step 10."""
+    engine, log = _resume_test(tmp_path, 0.25, abort_in=3, own=True)
+    try:
+        assert engine.submit() == 0, log.getvalue()
+        state, verdict, attempts, _ = _stage(engine)
+    finally:
+        engine.ledger.close()
+    assert state == "passed" and "SIGKILL: resumed from step 10, equal bit for bit" in verdict, verdict
+    assert [(label, cls) for label, cls, _, _ in attempts] == [
+        ("reference", "succeeded"), ("SIGKILL at step 12", "cancelled"), ("resume after SIGKILL", "crashed_unknown"),
+        ("SIGKILL at step 12", "cancelled"), ("resume after SIGKILL, confirming retry", "succeeded")], attempts
+    assert attempts[-1][2:] == (11, 16), attempts
+    assert (tmp_path / "campaigns" / "drill" / "resume" / "checkpoints-sigkill-retry" / "ckpt.json").exists()
 
 
 def test_an_interrupted_run_that_ends_before_the_signal_is_said_so(tmp_path: Path) -> None:
