@@ -1,10 +1,15 @@
 """The `resume_test` stage: checkpoint, interrupt, resume, and compare with an uninterrupted run.
 
 1. reference: an uninterrupted run from step 1 to `steps`;
-2. for each signal (SIGKILL, SIGTERM): a run with a checkpoint at `checkpoint_step`, sent the
-   signal once step `interrupt_step` is reported (mid-training), then resumed to `steps`;
+2. for each signal (SIGKILL, SIGTERM): a run with the reference's targets (its max_steps
+   too) and a checkpoint at `checkpoint_step`, sent the signal once step `interrupt_step` is
+   reported (mid-training: the signal ends it, not its step budget), then resumed to `steps`;
+   a resumed run that fails without evidence gets one confirming retry from the same
+   checkpoint (never one the failed attempt wrote after it);
 3. the resumed losses must equal the reference bit for bit (`tolerance: 0`, deterministic
-   runs) or within the tolerance; tokens must continue without a gap or repeat.
+   runs) or within the tolerance; tokens must continue without a gap or repeat. They are
+   compared with the interrupted run's own logged steps too, which tells a resume that lost
+   state from two runs that were never the same.
 The verdict names the first step that differs.
 """
 
@@ -212,7 +217,8 @@ def give_up_step(stage: ResumeTestStage) -> int:
 
 
 def _diff(a: float, b: float) -> float:
-    return abs(a - b) if math.isfinite(a) and math.isfinite(b) else (0.0 if a == b or (a != a and b != b) else math.inf)
+    """|a - b|; a non-finite loss never equals anything."""
+    return abs(a - b) if math.isfinite(a) and math.isfinite(b) else math.inf
 
 
 def compare(signal: str, reference: list[dict[str, Any]], cut: dict[str, Any], resumed: dict[str, Any],
