@@ -86,8 +86,11 @@ def signal_name(code: int) -> str | None:
         return f"signal {code - 128}"
 
 
-_ERRORISH = re.compile(r"\b(?:error|exception|fatal|abort(?:ed)?|killed|segmentation fault|failed|failure|crash(?:ed)?|"
-                       r"terminate called)\b", re.I)
+_ERRORISH = re.compile(r"\b(?:\w*error|\w*exception|fatal|abort(?:ed)?|killed|segmentation fault|failed|failure|"
+                       r"crash(?:ed)?|terminate called|broken|cannot|can't|unable|not found|no such|denied|"
+                       r"out of memory)\b", re.I)
+"""A line that looks like an error (an exception's name, ImportError(...) inside a line included):
+quoted when no known signature matches; a log with none quotes nothing."""
 
 
 # --- log lines --------------------------------------------------------------------------

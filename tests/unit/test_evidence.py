@@ -484,3 +484,7 @@ def test_a_crash_whose_log_shows_no_error_quotes_none_and_says_so(code: int) -> 
     f = assess([x(0, "n1", 1, 10, *STARTUP_LINES, "AssertionError: bad shape", "using device: cpu")], first_step=False,
                nodes=NODES)
     assert f.last_error_line == "AssertionError: bad shape" and '"AssertionError: bad shape"' in f.message
+    broken = "campaign.train: broken environment: ImportError('libtorch_cpu.so: cannot open shared object file')"
+    for line in (broken, "Unable to locate sufficient 2 gpus to run this example. Exiting.",
+                 "python: can't open file '/x/train.py': [Errno 2] No such file or directory"):
+        assert ev.last_error_line([*STARTUP_LINES, line, "using device: cpu"]) == line
