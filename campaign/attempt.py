@@ -177,6 +177,9 @@ class AttemptRequest(StrictModel):
     those whose name gives none, `contract.note_checkpoint_steps`)."""
     progress_first_step: int = 1
     """`trainer.first_step`: the printed step N is recorded as N + 1 - first_step."""
+    resume_step: int | None = None
+    """The step of the checkpoint the attempt resumes from (None: it starts afresh, or the
+    checkpoint's step is not known): its first metrics row follows it (`report.StepChain`)."""
     progress_tokens_per_step: int | None = None
     """With `progress_pattern` and no `tokens` group in it: one step's tokens from the spec's
     batch (`contract.stdout_tokens_per_step`); the row of step N counts N x this. None: 0."""
@@ -262,6 +265,7 @@ def build_request(site: Site, config: TrainerConfig, *, run_dir: Path, nodes: in
         progress_pattern=config.train.step_pattern if config.train.progress == "stdout" else None,
         progress_first_step=config.train.first_step, checkpoint_layout=config.train.checkpoints,
         progress_tokens_per_step=contract.stdout_tokens_per_step(config, nodes * site.ranks_per_node),
+        resume_step=resume_from.get("step") if resume_from is not None else None,
     )
 
 

@@ -313,4 +313,13 @@ def custom_trainer_warnings(spec: CampaignSpec) -> list[str]:
         if st.token_target() and spec.trainer.progress == "stdout":
             out.append(f"stages[{i}].tokens: a token target needs tokens in the progress lines; with progress: "
                        "stdout give `steps` unless step_pattern has a `tokens` group")
+        out += [f"stages[{i}].{line}" for line in st.trainer_warnings(spec.trainer)]
     return out
+
+
+def takes_batch(trainer: TrainConfig) -> bool:
+    """Whether a stage's change of the per-rank batch (`micro_batch_size`, strong scaling)
+    reaches what `trainer` trains: the built-in trainer reads it from trainer.json, and so may
+    a trainer of your own that reports its own rows; a script read through its output
+    (`progress: stdout`) trains the batch of its own arguments, the one the spec describes."""
+    return trainer.command is None or trainer.progress != "stdout"

@@ -86,8 +86,11 @@ def signal_name(code: int) -> str | None:
         return f"signal {code - 128}"
 
 
-_ERRORISH = re.compile(r"\b(?:error|exception|fatal|abort(?:ed)?|killed|segmentation fault|failed|failure|"
-                       r"terminate called)\b", re.I)
+_ERRORISH = re.compile(r"\b(?:\w*error|\w*exception|fatal|abort(?:ed)?|killed|segmentation fault|failed|failure|"
+                       r"crash(?:ed)?|terminate called|broken|cannot|can't|unable|not found|no such|denied|"
+                       r"out of memory)\b", re.I)
+"""A line that looks like an error (an exception's name, ImportError(...) inside a line included):
+quoted when no known signature matches; a log with none quotes nothing."""
 
 
 # --- log lines --------------------------------------------------------------------------
@@ -132,13 +135,21 @@ def without_warnings(lines: Sequence[str]) -> list[str]:
 
 def last_error_line(lines: Sequence[str]) -> str | None:
     """The line a human should read first: the last one matching a known signature, else the
-    last that looks like an error, else the last non-blank line; None for an empty log.
-    Warnings are never quoted (`without_warnings`)."""
+    last that looks like an error; None when no line does (the last line printed, "using
+    device: cpu", is no cause: a finding then says the log shows no error line). Warnings are
+    never quoted (`without_warnings`)."""
     clean = [ln.strip() for ln in without_warnings(lines) if ln.strip()]
     for pick in (lambda ln: match(ln) is not None, lambda ln: _ERRORISH.search(ln) is not None):
         for ln in reversed(clean):
             if pick(ln):
                 return ln
+    return None
+
+
+def last_line(lines: Sequence[str]) -> str | None:
+    """The last non-blank line that is no warning (None: none): what two failures are compared
+    on when neither printed an error line."""
+    clean = [ln.strip() for ln in without_warnings(lines) if ln.strip()]
     return clean[-1] if clean else None
 
 
@@ -247,6 +258,7 @@ class _Facts:
     fabric: tuple[Signature, str] | None
     software: tuple[Signature, str] | None  # the software signature of the last error line (else any, last)
     last: str | None
+    printed: str | None = None  # the last line printed (no warning), whatever it says
 
     @property
     def signal(self) -> str | None:
@@ -269,7 +281,7 @@ def _facts(e: RankExit) -> _Facts:
     last = last_error_line(e.log_tail)
     if last is not None and (sw := match(last, SOFTWARE)) is not None and match(last, HARDWARE) is None:
         software = (sw, last)
-    return _Facts(e, local, fabric, software, last)
+    return _Facts(e, local, fabric, software, last, last_line(e.log_tail))
 
 
 def _how(e: RankExit) -> str:
@@ -306,7 +318,7 @@ def _failure_key(f: _Facts, nodes: Sequence[str]) -> tuple[int, str]:
     sig = match(f.last) if f.last else None
     if sig is not None and sig.name != "python_exception":
         return f.exit.code, sig.name
-    return f.exit.code, normalise(f.last, nodes)
+    return f.exit.code, normalise(f.last or f.printed, nodes)
 
 
 def assess(exits_seen: Sequence[RankExit], *, first_step: bool, nodes: Sequence[str] = (),

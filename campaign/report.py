@@ -511,15 +511,130 @@ def _complete_lines(path: str | os.PathLike[str], offset: int) -> bytes:
     return data[:data.rfind(b"\n") + 1]
 
 
+class StepChain:
+    """Which rows of one attempt's metrics.jsonl its trainer can have written, judged by their
+    place in the file. The trainer appends one row per logged step, in order, so:
+
+    - steps go up from the attempt's start (`start`: the step of the checkpoint it resumes
+      from, 0 for a fresh one) and stay within its last step (`max_step`);
+    - cumulative `tokens` never go back, and `time` stamps neither go back (beyond
+      TIME_SLACK_S, a clock step) nor go missing where the rows before carry them;
+    - a row that jumps further ahead than the attempt's rows have stepped so far (`stride`,
+      the widest gap between two accepted rows; 1 at first) is *held* until the next row
+      says which of the two the trainer wrote: a row that follows the held one confirms it;
+      one that follows the row before it refutes it (a forged or corrupted row: rejected and
+      counted, and the real rows after it kept). `end()` (the attempt is over) takes a held row.
+
+    So one forged row anywhere (`{"step": 999, "loss": 1.0, "tokens": 1}` appended mid-run) is
+    rejected, never the real rows after it. A row that follows neither is rejected itself.
+    One chain per attempt, fed every well-formed row in file order; where the reads cut the
+    file does not change what it decides. Rows of a trainer that logs every step are taken
+    at once (no row waits for the next)."""
+
+    TIME_SLACK_S = 2.0
+    """A row's time stamp may be this much earlier than the row's before it (a wall clock stepped back)."""
+
+    def __init__(self, *, max_step: int = STEP_MAX, start: int = 0) -> None:
+        self.max_step, self.start = max_step, max(start, 0)
+        self.last: dict | None = None
+        """The last accepted row."""
+        self.stride = 1
+        self.held: tuple[dict, int, bytes] | None = None
+        """(row, line number, text) of the row waiting for the next one."""
+
+    @property
+    def last_step(self) -> int:
+        """The last accepted step (-1: none yet)."""
+        return -1 if self.last is None else int(self.last["step"])
+
+    @property
+    def tip(self) -> int:
+        """The furthest step written that is not refuted (a held row's, else the last accepted)."""
+        return int(self.held[0]["step"]) if self.held is not None else self.last_step
+
+    def follows(self, row: dict, prev: dict | None) -> str | None:
+        """Why `row` cannot come right after `prev` in the trainer's file, or None if it can."""
+        if prev is None:
+            return None
+        step, before = row["step"], prev["step"]
+        if step <= before:
+            return f"step {step} does not follow step {before}"
+        tokens, had = row.get("tokens"), prev.get("tokens")
+        if _is_int(tokens) and _is_int(had) and tokens < had:
+            return f"tokens {tokens} go back from the {had} of step {before} (tokens are cumulative)"
+        t, was = _number(row.get("time")), _number(prev.get("time"))
+        if was is not None and math.isfinite(was):
+            if t is None:
+                return f"no time stamp, where step {before}'s row has one"
+            if t < was - self.TIME_SLACK_S:
+                return f"time stamp {t:.3f} is before step {before}'s ({was:.3f})"
+        return None
+
+    def _expected(self, row: dict) -> bool:
+        if self.last is None:
+            return row["step"] <= self.start + 1
+        return row["step"] - self.last["step"] <= self.stride
+
+    def _accept(self, row: dict, out: list[dict]) -> None:
+        if self.last is not None:
+            self.stride = max(self.stride, row["step"] - self.last["step"])
+        self.last = row
+        out.append(row)
+
+    def add(self, row: dict, n: int, text: bytes) -> tuple[list[dict], list[tuple[int, str, bytes]]]:
+        """Feed the next well-formed row (line `n`, its `text`): the rows it lets the chain
+        accept (a held row confirmed, this one) and those it rejects ((line, why, text))."""
+        accepted: list[dict] = []
+        rejected: list[tuple[int, str, bytes]] = []
+        if self.held is not None:
+            held, hn, htext = self.held
+            if self.follows(row, held) is None:
+                self.held = None
+                self._accept(held, accepted)
+            elif self.follows(row, self.last) is None:
+                self.held = None
+                rejected.append((hn, f"step {held['step']} is not the trainer's: the row after it (step {row['step']}) "
+                                     f"follows step {self.last_step} instead", htext))
+            else:
+                why = self.follows(row, self.last) or ""
+                rejected.append((n, why, text))
+                return accepted, rejected
+        why = self.follows(row, self.last)
+        if why is not None:
+            rejected.append((n, why, text))
+        elif self._expected(row):
+            self._accept(row, accepted)
+        else:
+            self.held = (row, n, text)
+        return accepted, rejected
+
+    def end(self) -> list[dict]:
+        """The attempt is over: a held row no later row refuted is taken."""
+        out: list[dict] = []
+        if self.held is not None:
+            self._accept(self.held[0], out)
+            self.held = None
+        return out
+
+
 def _read_checked(path: Path, offset: int, line: int, check: Any, keep_problems: int,
-                  after: int | None = None) -> MetricsRead:
+                  chain: StepChain | None = None, final: bool = False) -> MetricsRead:
     """The complete lines of `path` from byte `offset` (line number `line`), each parsed and
-    checked by `check`; with `after` (the last valid step so far), a row whose step does not
-    follow it is invalid too (steps of one attempt only go up)."""
+    checked by `check`; with `chain` (metrics rows), each well-formed row is judged by its
+    place among the attempt's rows too (`StepChain`), and `final` ends the chain (the file
+    is complete: a held row is taken)."""
     data = _complete_lines(path, offset)
     rows: list[dict] = []
     bad = 0
     problems: list[str] = []
+
+    def skip(n: int, why: str, text: bytes) -> None:
+        nonlocal bad
+        bad += 1
+        if len(problems) < keep_problems:
+            shown = text[:80].decode("utf-8", errors="replace")
+            problems.append(f"line {n}: {why}: {shown}{'...' if len(text) > 80 else ''}")
+
     for n, text in enumerate(data.split(b"\n")[:-1], start=line):
         if not text.strip():
             continue
@@ -528,34 +643,39 @@ def _read_checked(path: Path, offset: int, line: int, check: Any, keep_problems:
             why = check(row)
         except (ValueError, RecursionError) as e:  # not JSON (UnicodeDecodeError is a ValueError)
             why = f"not JSON ({type(e).__name__})"
-        if why is None and after is not None:
-            if row["step"] <= after:
-                why = f"step {row['step']} does not follow step {after}"
-            else:
-                after = row["step"]
-        if why is None:
+        if why is not None:
+            skip(n, why, text)
+        elif chain is None:
             rows.append(row)
-            continue
-        bad += 1
-        if len(problems) < keep_problems:
-            shown = text[:80].decode("utf-8", errors="replace")
-            problems.append(f"line {n}: {why}: {shown}{'...' if len(text) > 80 else ''}")
+        else:
+            taken, refused = chain.add(row, n, text)
+            rows += taken
+            for args in refused:
+                skip(*args)
+    if chain is not None and final:
+        rows += chain.end()
     return MetricsRead(rows, offset + len(data), bad, problems, line + data.count(b"\n"),
-                       -1 if after is None else after)
+                       -1 if chain is None else chain.last_step)
 
 
 def read_metrics_checked(run_dir: str | os.PathLike[str], offset: int = 0, *, keep_problems: int = 5,
-                         line: int = 1, after: int = -1, max_step: int = STEP_MAX) -> MetricsRead:
+                         line: int = 1, chain: StepChain | None = None, final: bool = False,
+                         max_step: int = STEP_MAX) -> MetricsRead:
     """Valid rows of metrics.jsonl from byte `offset` (line number `line`; see
     `check_metrics_row`), the new offset, the number of complete lines skipped (not JSON, not a
-    valid row, a step beyond `max_step` or not after the one before: `after` is the last valid
-    step of earlier reads), and the reasons for the first `keep_problems` of them
-    ("line N: reason: text").
+    valid row, a step beyond the attempt's last, or a row its trainer cannot have written:
+    `StepChain`), and the reasons for the first `keep_problems` of them ("line N: reason: text").
 
+    `chain`: the attempt's chain, carried from one read to the next (a poll loop); its
+    `max_step` is the attempt's last step. Without one, the read is of the whole file as it is
+    now (a fresh chain with `max_step`, ended: `final`).
     A partial last line (being written) is left for the next call: the offset stops before it.
     Blank lines are skipped without counting."""
+    if chain is None:
+        chain, final = StepChain(max_step=max_step), True
+    limit = chain.max_step
     return _read_checked(Path(run_dir) / METRICS_FILE, offset, line,
-                         lambda row: check_metrics_row(row, max_step=max_step), keep_problems, after)
+                         lambda row: check_metrics_row(row, max_step=limit), keep_problems, chain, final)
 
 
 def read_events_checked(run_dir: str | os.PathLike[str], offset: int = 0, *, keep_problems: int = 5,
@@ -768,15 +888,15 @@ def append_metrics(run_dir: str | os.PathLike[str], rows: list[dict[str, Any]]) 
         os.close(fd)
 
 
-def read_metrics(run_dir: str | os.PathLike[str], offset: int = 0, *, after: int = -1,
-                 max_step: int = STEP_MAX) -> tuple[list[dict], int]:
+def read_metrics(run_dir: str | os.PathLike[str], offset: int = 0, *, chain: StepChain | None = None,
+                 final: bool = False, max_step: int = STEP_MAX) -> tuple[list[dict], int]:
     """Valid rows of metrics.jsonl from byte `offset`; returns (rows, new_offset).
 
     A partial last line (being written) is left for the next call: new_offset stops
     before it. Invalid lines (not JSON, not a valid row: see `check_metrics_row`, a step
-    beyond `max_step` or not after `after` and the rows before it) are skipped;
-    `read_metrics_checked` also counts them so callers can warn."""
-    got = read_metrics_checked(run_dir, offset, after=after, max_step=max_step)
+    beyond `max_step`, or one the trainer cannot have written: `StepChain`) are skipped;
+    `read_metrics_checked` (same arguments) also counts them so callers can warn."""
+    got = read_metrics_checked(run_dir, offset, chain=chain, final=final, max_step=max_step)
     return got.rows, got.offset
 
 

@@ -81,6 +81,11 @@ class StageSpec(StrictModel):
         (`checkpoint_every: auto` without `mtbf_s`)."""
         return False
 
+    def trainer_warnings(self, trainer: Any) -> list[str]:
+        """What this stage asks that `trainer` (a TrainConfig running a command of your own)
+        will not do, as "field: message" lines for `campaign validate` and `submit`."""
+        return []
+
     def check_in(self, spec: Any) -> None:
         """What the whole spec must allow of this stage beyond its own fields (the site's nodes,
         the trainer's batch): raises ValueError("field: message"), or ValueError(": message")

@@ -12,9 +12,11 @@ it runs (idempotent per step). Only the driver process writes the ledger.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime as dt
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -94,7 +96,7 @@ class StageContext:
         self.spec = engine.spec
         self.stage_dir = engine.run_root / run.name
         self._bad_rows: dict[int, dict[str, Any]] = {}  # attempt id -> summary["bad_metric_rows"] so far
-        self._read_at: dict[int, tuple[int, int]] = {}  # attempt id -> (next line, last valid step) of metrics.jsonl
+        self._read_at: dict[int, tuple[int, report.StepChain]] = {}  # attempt id -> (next line, its rows) of metrics.jsonl
 
     @property
     def ledger(self) -> Ledger:
@@ -169,17 +171,21 @@ class StageContext:
                                        "suspects": [s.to_dict() for s in finding.suspects]})
 
     def launch_confirmed(self, targets: Targets, *, retry_targets: Targets | None = None,
+                         before_retry: Callable[[AttemptOutcome], Targets | None] | None = None,
                          **kw: Any) -> tuple[AttemptOutcome, AttemptOutcome | None]:
         """`launch`, and when the attempt ends in a class the evidence can neither pin on a node
         nor call systemic (`exits.CONFIRM_ONCE`: a one-off abort, say), the one confirming retry
         the finding promised, with the ranks moved to other nodes (`retry_targets`, if given).
+        `before_retry(first)`: called before the retry (a stage puts back the state under test,
+        e.g. the checkpoint to resume from); the targets it returns, if any, are the retry's.
         Returns the outcome to judge (the retry's, with `confirm`'s reading of both failures)
         and the first outcome when a retry was made (None otherwise)."""
         first = self.launch(targets, **kw)
         if first.exit_class not in exits.CONFIRM_ONCE:
             return first, None
         label = ", ".join(x for x in (kw.get("label"), "confirming retry") if x)
-        retry = self.launch(retry_targets or targets, **{**kw, "label": label, "rotate": 1})
+        again = before_retry(first) if before_retry is not None else None
+        retry = self.launch(again or retry_targets or targets, **{**kw, "label": label, "rotate": 1})
         return self.confirm(first, retry), first
 
     def exclude_stragglers(self, outcome: AttemptOutcome, *, hours: float | None) -> list[str]:
@@ -247,6 +253,7 @@ class StageContext:
         except OSError as e:  # a full or read-only work directory: not the stage's fault, nothing launched
             self._unlaunched(attempt_id, run_dir, e)
         steps = targets.steps
+        self._read_at[attempt_id] = (1, _chain(request, steps))
         self.engine.progress.attempt_started(self.run.name, number, n, steps, label)
         self.engine.current_run_dir = run_dir
         rep, offset = self._supervise(request, attempt_id, steps)
@@ -258,7 +265,7 @@ class StageContext:
             rep, offset = self._supervise(request, attempt_id, steps)
         self.engine.current_run_dir = None
         self._ingest(attempt_id, run_dir, offset, steps, last=True)
-        outcome = self._finish(attempt_id, number, run_dir, rep, ckpt, steps)
+        outcome = self._finish(attempt_id, number, run_dir, rep, ckpt, _chain(request, steps))
         why = no_rank_started(rep, ranks_wrote=bool(outcome.metrics or (outcome.startup or {}).get("ranks")))
         if why is not None:
             raise NoRankStarted(why, number)
@@ -323,13 +330,17 @@ class StageContext:
         ledger does not answer, the offset stays: the rows are ingested at a later tick
         (metrics.jsonl is the buffer), and the attempt goes on. `last`: the attempt has
         ended, there is no later tick: retry through the outage (`Ledger.retrying`).
-        Rows are checked (`report.check_metrics_row`, steps beyond `steps` or not going up):
-        a bad one is skipped and counted, and the driver warns once per attempt."""
-        line, after = self._read_at.get(attempt_id, (1, -1))
-        got = report.read_metrics_checked(run_dir, offset, line=line, after=after, max_step=steps)
+        Rows are checked (`report.check_metrics_row`, and by their place among the attempt's
+        rows: `report.StepChain`, steps beyond `steps` included): a bad one is skipped and
+        counted, and the driver warns once per attempt. A row held by the chain (a jump ahead,
+        waiting for the next row) is ingested once confirmed, or at the `last` read."""
+        line, kept = self._read_at.get(attempt_id) or (1, report.StepChain(max_step=steps))
+        chain = copy.deepcopy(kept)  # a read the ledger refuses is read again from the same state
+        got = report.read_metrics_checked(run_dir, offset, line=line, chain=chain, final=last)
         earlier = self._bad_rows.get(attempt_id)
         bad = report.bad_rows_summary(got, run_dir, earlier)
         if not (got.rows or got.bad):
+            self._read_at[attempt_id] = (got.line, chain)  # a row held by the chain is not read again
             return got.offset
         if last:
             for unit in self.engine.writes("ingesting the attempt's last steps"):
@@ -344,7 +355,7 @@ class StageContext:
                     raise
                 self.engine.ledger_unreachable(e)
                 return offset  # read again at the next tick: nothing counted twice
-        self._read_at[attempt_id] = (got.line, got.last_step)
+        self._read_at[attempt_id] = (got.line, chain)
         if bad is not None and earlier is None:
             self.engine.progress.event(f"warning: {self.run.name} attempt {number}: {reads.bad_rows_line(bad)}")
         if bad is not None:
@@ -376,8 +387,9 @@ class StageContext:
         return int(a.number)
 
     def _finish(self, attempt_id: int, number: int, run_dir: Path, rep: AttemptReport, ckpt: Path,
-                steps: int) -> AttemptOutcome:
-        checked = report.read_metrics_checked(run_dir, max_step=steps)  # the whole file: the bad-row count is exact
+                chain: report.StepChain) -> AttemptOutcome:
+        # the whole file with a fresh chain: the bad-row count is exact
+        checked = report.read_metrics_checked(run_dir, chain=chain, final=True)
         metrics, summary = checked.rows, _summary(rep)
         bad = report.bad_rows_summary(checked, run_dir)
         if bad is not None:
@@ -419,6 +431,11 @@ def rescue_message(r: dict[str, Any]) -> str:
         return (f"rescue checkpoint of step {r['step']} saved by rank {r['rank']} in {r.get('seconds', 0):.2f} s "
                 f"(asked {r.get('waited_s', 0):.2f} s before the launch was stopped)")
     return f"no rescue checkpoint: {r.get('why', 'unknown')}"
+
+
+def _chain(request: AttemptRequest, steps: int) -> report.StepChain:
+    """A fresh judge of the attempt's metrics rows: after the checkpoint it resumes from, up to `steps`."""
+    return report.StepChain(max_step=steps, start=request.resume_step or 0)
 
 
 def _last_step(run_dir: Path) -> int | None:

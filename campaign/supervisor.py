@@ -191,7 +191,7 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
     failure = launch.first_failure() or launch.logged_failure(time.time())
     if failure is not None and failure.rank == -1:  # one launcher process: its log names the rank
         failure = launcher_failure(rundir.launcher_log(run_dir), failure)
-    metrics, _ = report.read_metrics(run_dir)
+    metrics, _ = report.read_metrics(run_dir, chain=_chain(request), final=True)
     finding = None
     if watched.killed_by is None and failure is not None:  # a crash: what does the evidence say?
         finding = evidence.assess(_rank_exits(launch, run_dir, failure, watched.rescue), first_step=bool(metrics),
@@ -386,13 +386,16 @@ class ProgressAdapter:
         report.append_metrics(self.run_dir, rows)
 
 
-def _read_rank_finished(launch: _Launch, request: AttemptRequest, watch: watchdog.Watch) -> bool:
+def _read_rank_finished(launch: _Launch, request: AttemptRequest, watch: watchdog.Watch,
+                        chain: report.StepChain | None = None) -> bool:
     """With `progress: stdout`: has the rank whose output is read (rank 0; the launcher's with
-    mpiexec/srun) exited 0 after reporting the attempt's last step?"""
+    mpiexec/srun) exited 0 after reporting the attempt's last step? (Its last row may still be
+    held by the `chain`, waiting for a row that will not come: its output is complete.)"""
     target = _max_step(request)
     for i, (rank, _, _) in enumerate(launch.procs):
         if rank == 0 and i in launch.exits:
-            return launch.exits[i][0] == 0 and watch.last_step >= target
+            reached = max(watch.last_step, chain.tip if chain is not None else -1)
+            return launch.exits[i][0] == 0 and reached >= target
     return False
 
 
@@ -439,7 +442,7 @@ def _watch(launch: _Launch, request: AttemptRequest, active: list[str], start: f
     interrupt = request.interrupt
     timeout = request.timeout_s
     offsets = {"metrics": 0, "events": 0}
-    max_step = _max_step(request)
+    chain = _chain(request)
     rescued: dict[str, Any] | None = None
     seen: list[tuple[int, float, float]] = []  # a trainer's own metrics rows: (step, time, time)
     while True:
@@ -450,8 +453,8 @@ def _watch(launch: _Launch, request: AttemptRequest, active: list[str], start: f
                                  else None, rescue=rescued)
         if adapter is not None:
             adapter.poll(now)
-        rows = _observe(run_dir, watch, offsets, now, max_step=max_step)
-        if adapter is not None and watch.final_event is None and _read_rank_finished(launch, request, watch):
+        rows = _observe(run_dir, watch, offsets, now, chain)
+        if adapter is not None and watch.final_event is None and _read_rank_finished(launch, request, watch, chain):
             # Rank 0 exited 0 after its last step: the training outcome is known; ranks whose
             # output is not read get exit_s to follow, then are stopped (exit_hung), not relaunched.
             watch.saw_events([{"event": "done", "step": watch.last_step}], now)
@@ -576,12 +579,18 @@ def _max_step(request: AttemptRequest) -> int:
     return min(last, report.STEP_MAX)
 
 
-def _observe(run_dir: Path, watch: watchdog.Watch, offsets: dict[str, int], now: float, *,
-             max_step: int = report.STEP_MAX) -> list[dict[str, Any]]:
+def _chain(request: AttemptRequest) -> report.StepChain:
+    """The attempt's metrics rows as its trainer can have written them: after the checkpoint it
+    resumes from, up to its last step."""
+    return report.StepChain(max_step=_max_step(request), start=request.resume_step or 0)
+
+
+def _observe(run_dir: Path, watch: watchdog.Watch, offsets: dict[str, int], now: float,
+             chain: report.StepChain) -> list[dict[str, Any]]:
     """Feed the watch what the run directory holds that is new (valid rows and events only: a
-    bad line is skipped, the driver counts it) and the heartbeats; the new metrics rows."""
-    rows, offsets["metrics"] = report.read_metrics(run_dir, offsets["metrics"], after=watch.last_step,
-                                                   max_step=max_step)
+    bad line is skipped, the driver counts it; rows as the attempt's `chain` accepts them, so a
+    forged row ahead never hides the real steps after it) and the heartbeats; the new metrics rows."""
+    rows, offsets["metrics"] = report.read_metrics(run_dir, offsets["metrics"], chain=chain)
     watch.saw_steps(rows, now)
     events, offsets["events"] = report.read_events_from(run_dir, offsets["events"])
     watch.saw_events(events, now)

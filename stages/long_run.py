@@ -18,7 +18,10 @@ decides (see `campaign.exits`):
   backoff (a file system can come back; a node swap cannot fix it), none when the evidence
   says retrying cannot help (a usage error, a missing module); the verdict quotes the last
   error line and names the rank's log;
-- `config_error`, `diverged`, `cancelled`: stop at once.
+- `config_error`, `diverged`, `cancelled`: stop at once;
+- any failure after rank 0 reported the target step (a rank that crashed or aborted at exit
+  once the training was done): not relaunched, which could only redo steps from an older
+  checkpoint; the verdict quotes that attempt's final step and loss and says how it ended.
 A crash loop (no new step in `crash_loop` consecutive attempts) stops the stage early with
 that verdict instead of burning the allocation. Steps lost to each fault are recorded.
 """
@@ -139,7 +142,7 @@ def run(ctx: StageContext, stage: LongRunStage) -> Verdict:
         outcomes.append(outcome)
         if stage.exclude_stragglers and outcome.report.stragglers:
             excluded += ctx.exclude_stragglers(outcome, hours=stage.exclusion_hours)
-        stop = next_action(outcomes, stage)
+        stop = next_action(outcomes, stage, target_step=steps)
         if stop is not None:
             break
         if outcome.suspects and stage.exclude_suspects and outcome.exit_class in ("stalled", "crashed_node"):
@@ -188,11 +191,16 @@ def checkpoint_every(ctx: StageContext, stage: LongRunStage) -> int:
     return sug.steps
 
 
-def next_action(outcomes: list[AttemptOutcome], stage: LongRunStage) -> str | None:
-    """None to relaunch, else why the stage stops now."""
+def next_action(outcomes: list[AttemptOutcome], stage: LongRunStage, *, target_step: int | None = None) -> str | None:
+    """None to relaunch, else why the stage stops now. An attempt that failed after its rank 0
+    reported the target step (`target_step`: a rank crashed, or aborted at exit, once the
+    training was done) is not relaunched: every step is trained, a relaunch could only redo
+    steps from an older checkpoint ("target reached")."""
     last = outcomes[-1]
     if last.exit_code == 0:
         return "done"
+    if target_step is not None and (last.last_step or 0) >= target_step and last.exit_class != "diverged":
+        return "target reached"
     if last.exit_class not in RELAUNCH:
         return "not resumable"
     finding = last.report.finding or {}
@@ -250,15 +258,17 @@ def judge(attempts: list[dict[str, Any]], *, steps: int, tokens: int | None, sto
     attempt resumed at its target trains no step of its own). `excluded`: the nodes the stage
     really excluded (suspects are only named as such when nothing was excluded)."""
     last = attempts[-1]
-    rows = [m for a in attempts for m in a.get("metrics", [])]
-    final = max(rows, key=lambda m: m["step"]) if rows else {}
+    final: dict[str, Any] = {}
+    for m in (m for a in attempts for m in a.get("metrics", [])):
+        if m["step"] >= (final.get("step") or 0):  # a step trained again: the later attempt's row
+            final = m
     if carried and carried.get("step") and carried["step"] > (final.get("step") or 0):
         final = carried
     classes = [a.get("exit_class") for a in attempts]
     numbers = {"attempts": len(attempts), "last_step": final.get("step"), "tokens": final.get("tokens"),
                "last_loss": final.get("loss"), "exit_classes": classes,
                "suspects": [s["node"] for a in attempts for s in a.get("suspects") or []]}
-    if last.get("exit_code") != 0:
+    if last.get("exit_code") != 0 and stop != "target reached":
         why = (f"attempt {len(attempts)} ended {last.get('exit_class')} (exit {last.get('exit_code')}) "
                f"{at_step(last.get('last_step'))}")
         if last.get("stall"):
@@ -292,5 +302,10 @@ def judge(attempts: list[dict[str, Any]], *, steps: int, tokens: int | None, sto
         elif numbers["suspects"]:
             faults += f", suspected {', '.join(numbers['suspects'])} (none excluded)"
     late = f"; {last['stall']}" if last.get("killed_by") == "exit_hung" and last.get("stall") else ""
+    if stop == "target reached":
+        # the finding's first sentence (what failed, the line quoted); not what it promised next (a retry)
+        what = str(last.get("error") or "").split(". ")[0]
+        late += (f"; attempt {len(attempts)} then ended {last.get('exit_class')} (exit {last.get('exit_code')}) after its "
+                 f"rank 0 reported the last step{': ' + what if what else ''}; not relaunched (no step left to train)")
     return Verdict(True, f"reached {target} (step {final['step']}, {final['tokens']:,} tokens){faults}; "
                    f"final loss {loss:.4f}{late}", numbers)

@@ -43,7 +43,9 @@ class ScalingStage(StageSpec):
     batch: Literal["weak", "strong"] = "weak"
     """`weak`: the per-rank batch stays fixed (the global batch grows with the nodes);
     `strong`: the global batch of the smallest count stays fixed (per-rank batch shrinks),
-    so every count follows the same loss curve."""
+    so every count follows the same loss curve. The per-rank batch reaches the built-in
+    trainer (and yours, through trainer.json); a script read through its output
+    (`progress: stdout`) keeps its own, and is counted at it (`campaign validate` says so)."""
     steps: int = Field(default=20, ge=2)
     """Steps at each node count."""
     warmup_steps: int = Field(default=5, ge=0)
@@ -99,6 +101,15 @@ class ScalingStage(StageSpec):
     def reference_check_steps(self) -> list[int] | None:
         return window_steps(self) if self.reference else None
 
+    def trainer_warnings(self, trainer: Any) -> list[str]:
+        from campaign.contract import takes_batch
+
+        if self.batch == "strong" and not takes_batch(trainer):
+            return ["batch: strong shrinks the built-in trainer's per-rank batch; your trainer (progress: stdout) keeps "
+                    "the one its own arguments give it, so each node count trains and is counted at "
+                    "trainer.micro_batch_size per rank (weak scaling)"]
+        return []
+
     def attempts_bound(self) -> int:
         return len(self.node_counts)
 
@@ -150,8 +161,12 @@ def run(ctx: StageContext, stage: ScalingStage) -> Verdict:
 
 def first_targets(stage: ScalingStage, spec: Any, nodes: int) -> Targets:
     """What the attempt at `nodes` nodes must do; `--dry-run` shows the same."""
+    from campaign.contract import takes_batch
+
     train: dict[str, Any] = {"checkpoint_every": 0}
-    if stage.batch == "strong":
+    if stage.batch == "strong" and takes_batch(spec.trainer):
+        # Not for a script read through its output: it trains its own batch, and its rows are
+        # counted at the batch the spec gives for it (contract.stdout_tokens_per_step).
         train["micro_batch_size"] = strong_micro_batch(spec.trainer.micro_batch_size, stage.node_counts[0], nodes)
     return Targets(steps=stage.steps, checkpoints=f"checkpoints-{nodes}n", train=train, checkpoint_final=False)
 

@@ -9,7 +9,9 @@ single-process (`env -u RANK`) from its own folder: two replicas, rank 0's outpu
 (`progress: stdout`, `first_step: 0`), each saving one `ckpt.pt` (no step in the name) in its
 own folder, saved at `--eval_interval` (the resume test's {checkpoint_at}, else
 {checkpoint_every}; "never" for 0). A step takes 0.02-0.1 s here, so the resume test saves
-at step 50 and interrupts after 51: 49 steps before the next save would overwrite ckpt.pt.
+at step 50 and interrupts after 51, and both its runs train to step 90 (the interrupted one
+has the reference's max_steps: the signal must land in the 39 steps left, before the run ends;
+no save at 100 overwrites ckpt.pt).
 """
 
 from __future__ import annotations
@@ -93,7 +95,8 @@ def test_nanogpt_smoke_loss_check_and_scaling_from_step_times(ws: Workspace) -> 
     spec = nanogpt_spec(ws, [
         {"kind": "smoke", "steps": 3, "timeout_s": 120},
         {"kind": "loss_check", "steps": 5, "window": 2, "reference": {"record": True}, "timeout_s": 120},
-        {"kind": "scaling", "node_counts": [1, 2], "steps": 5, "warmup_steps": 1, "loss_window": 2,
+        # batch: strong cannot shrink a script's own batch (issue 39): each count is counted at it
+        {"kind": "scaling", "node_counts": [1, 2], "batch": "strong", "steps": 5, "warmup_steps": 1, "loss_window": 2,
          "min_efficiency": 0.1, "timeout_s": 120},
     ])
     r = _submit(ws, spec)
@@ -108,7 +111,13 @@ def test_nanogpt_smoke_loss_check_and_scaling_from_step_times(ws: Workspace) -> 
     with ledger.session() as s:
         smoke = reads.get_stage_run(s, "nanogpt", "smoke")
         steps = [(m.step, m.tokens) for m in reads.list_steps(s, smoke.attempts[0].id)]
+        scaling = reads.get_stage_run(s, "nanogpt", "scaling")
+        scaled = [[m.tokens for m in reads.list_steps(s, a.id)] for a in scaling.attempts]
     ledger.close()
+    # each replica trains seq_len 16 x micro_batch 2 x grad_accum 16 = 512 tokens a step at every count
+    # (before: the strong micro-batch of 1 at 2 nodes was counted, 512 a step for 2 replicas' 1,024)
+    assert scaled == [[512 * k for k in range(1, 6)], [1024 * k for k in range(1, 6)]], scaled
+    assert "stages[2].batch: strong shrinks the built-in trainer's per-rank batch" in r.out + r.err
     assert [st for st, _ in steps] == [1, 2, 3], "iter 0..2 of a script counting from 0: exactly the 3 steps asked"
     # no tokens in its lines: the spec's batch, seq_len 16 x micro_batch 2 x grad_accum 16 x 2 ranks
     assert [tok for _, tok in steps] == [1024, 2048, 3072], steps
@@ -120,7 +129,9 @@ def test_nanogpt_long_run_and_resume_test_from_its_own_ckpt_pt(ws: Workspace) ->
         # nanoGPT saves ckpt.pt at every multiple of --eval_interval (here 50): the interrupt after
         # step 51 must land before step 100's save overwrites it. At 10 (the next save at 20) it
         # landed late under load (steps of ~0.02 s, polled every 0.25 s) and resumed from 20.
-        {"kind": "resume_test", "checkpoint_step": 50, "interrupt_step": 51, "steps": 54, "signals": ["SIGKILL"],
+        # The interrupted run trains to step 90 as the reference does (issue 39): the signal ends
+        # it, within the 39 steps left (0.8-4 s here).
+        {"kind": "resume_test", "checkpoint_step": 50, "interrupt_step": 51, "steps": 90, "signals": ["SIGKILL"],
          "tolerance": 0.5, "timeout_s": 120},
     ])
     r = _submit(ws, spec)

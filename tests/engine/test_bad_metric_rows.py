@@ -43,15 +43,15 @@ TRAINER = textwrap.dedent(f'''
 ''')
 
 
-def _smoke_of(tmp_path: Path, name: str, trainer: str) -> tuple[CampaignSpec, str, io.StringIO, Engine]:
-    """A one-stage campaign (a 5-step smoke test) of the trainer script `trainer`, on a SQLite
-    ledger in tmp_path: (spec, ledger URL, the driver's output, its engine)."""
+def _smoke_of(tmp_path: Path, name: str, trainer: str, steps: int = 5) -> tuple[CampaignSpec, str, io.StringIO, Engine]:
+    """A one-stage campaign (a `steps`-step smoke test) of the trainer script `trainer`, on a
+    SQLite ledger in tmp_path: (spec, ledger URL, the driver's output, its engine)."""
     script = tmp_path / "trainer.py"
     script.write_text(trainer)
     spec = CampaignSpec.model_validate({
         "name": name, "site": {"kind": "local", "nodes": 1, "ranks_per_node": 1},
         "trainer": {"command": [sys.executable, str(script)]},
-        "stages": [{"name": "smoke", "kind": "smoke", "steps": 5, "timeout_s": 120}]})
+        "stages": [{"name": "smoke", "kind": "smoke", "steps": steps, "timeout_s": 120}]})
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     log = io.StringIO()
     engine = Engine(spec, open_ledger(url), workdir=tmp_path / "campaigns", progress=Progress(log), runner=run_in_thread)
@@ -228,3 +228,41 @@ def _adopt(led, tmp_path: Path, run_dir: Path) -> dict:
         (run,) = writes.ensure_stage_runs(s, c, [("long", "long_run")])
         a = writes.create_attempt(s, run, nodes=["local-n0"], ranks_per_node=1, run_dir=str(run_dir))
         return adopt_orphan(s, a)
+
+
+FORGER = textwrap.dedent('''
+    """1,000 steps; after step 108 someone appends a forged row to the running attempt's
+    metrics.jsonl (issue 39, item 2): a step inside the attempt's range, far ahead."""
+    import os, time
+    from pathlib import Path
+    from campaign.report import METRICS_FILE, Reporter
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rep = Reporter.from_env(rank=rank, local_rank=int(os.environ["LOCAL_RANK"]), world_size=world)
+    rep.startup({"ranks": [{"rank": r} for r in range(world)], "allreduce": {"got": 1, "expected": 1}})
+    for step in range(1, 1001):
+        rep.phase("compute", step)
+        time.sleep(0.002)
+        rep.step(step=step, tokens=step * 8, loss=2.0 - step / 1000, step_time_s=0.002)
+        if step == 108 and rank == 0:
+            with open(Path(os.environ["CAMPAIGN_RUN_DIR"]) / METRICS_FILE, "a") as f:
+                f.write('{"step": 999, "loss": 1.0, "tokens": 1}\\n')
+    rep.close()
+''')
+
+
+def test_one_forged_row_is_rejected_and_counted_never_the_real_rows_after_it(tmp_path: Path) -> None:
+    """Issue 39, item 2: before, the driver stored the forged step 999 and rejected the 890
+    real rows after it ("step 109 does not follow step 999"), and the stage passed."""
+    spec, url, log, engine = _smoke_of(tmp_path, "forged", FORGER, steps=1000)
+    try:
+        assert engine.submit() == 0, log.getvalue()
+        with engine.ledger.session() as s:
+            [(run, a)] = reads.list_attempts(s, reads.get_campaign(s, "forged"))
+            steps = [(m.step, m.tokens, m.loss) for m in reads.list_steps(s, a.id)]
+            bad = a.summary["bad_metric_rows"]
+            assert (a.last_step, a.tokens, run.steps) == (1000, 8000, 1000)
+    finally:
+        engine.ledger.close()
+    assert [st for st, _, _ in steps] == list(range(1, 1001)), "every real step, none forged"
+    assert steps[998] == (999, 7992, 2.0 - 999 / 1000)
+    assert bad["count"] == 1 and bad["examples"][0].startswith("line 109: ") and '"step": 999' in bad["examples"][0]

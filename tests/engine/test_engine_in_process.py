@@ -552,3 +552,61 @@ def _group_alive(pgid: int) -> bool:
         return True
     except ProcessLookupError:
         return False
+
+
+RANK1_FAILS_LATE = textwrap.dedent('''
+    """Rank 0 (whose output is read) trains every step and exits 0; rank 1 then exits 3."""
+    import os, sys, time
+    steps = int(os.environ["CAMPAIGN_MAX_STEPS"])
+    if os.environ["RANK"] != "0":
+        time.sleep(0.05 * steps + 1.5)
+        sys.exit(3)
+    for step in range(1, steps + 1):
+        time.sleep(0.05)
+        print(f"iter {step}: loss {3.0 - 0.1 * step:.4f}, time 50.00ms", flush=True)
+''')
+
+
+def test_a_failure_after_rank_0_reached_the_target_is_not_relaunched(tmp_path: Path) -> None:
+    """Issue 39, item 5: rank 0 had reported the long run's last step when rank 1 failed; the
+    relaunch redid the steps (this trainer saves no checkpoint: all of them) and the verdict
+    quoted the earlier attempt's final loss. Now the stage ends there, on rank 0's own final
+    step and loss, and says how the launch ended."""
+    (tmp_path / "late.py").write_text(RANK1_FAILS_LATE)
+    spec = _spec([{"kind": "long_run", "steps": 6, "checkpoint_every": 3, "timeout_s": 60, "backoff_s": 0,
+                   "exclude_suspects": False, "watchdog": {"exit_s": 20, "drill_s": 0}}],
+                 command=["{python}", str(tmp_path / "late.py")], progress="stdout",
+                 step_pattern=r"iter (?P<step>\d+): loss (?P<loss>[\d.]+)")
+    engine = _engine(spec, tmp_path)
+    assert engine.submit() == 0
+    attempts = _attempts(engine)
+    with engine.ledger.session() as s:
+        [run] = reads.current_stage_runs(s, reads.get_campaign(s, "inproc"))
+        verdict, numbers = run.verdict, dict(run.numbers or {})
+    assert [(a[2], a[3]) for a in attempts] == [("crashed_unknown", 3)], attempts
+    assert "reached 6 steps (step 6," in verdict and "final loss 2.4000" in verdict, verdict
+    assert "attempt 1 then ended crashed_unknown (exit 3) after its rank 0 reported the last step" in verdict, verdict
+    assert "not relaunched" in verdict and numbers["last_step"] == 6
+
+
+def test_strong_scaling_of_a_stdout_trainer_records_the_tokens_it_trains(tmp_path: Path) -> None:
+    """Issue 39, item 5: `batch: strong` shrank the built-in trainer's micro-batch at 2 nodes
+    and the stdout reader counted that (half) batch for a script that trains its own: the
+    ledger recorded half the tokens the script trained. A script read through its output
+    trains trainer.micro_batch_size per rank at every count, and is counted at it."""
+    from campaign.contract import batch_tokens, custom_trainer_warnings
+
+    (tmp_path / "plain.py").write_text(PLAIN_TRAINER)
+    spec = _spec([{"kind": "scaling", "node_counts": [1, 2], "batch": "strong", "steps": 4, "warmup_steps": 1,
+                   "min_efficiency": 0.0, "loss_tolerance": 1.0, "timeout_s": 60}],
+                 command=["{python}", str(tmp_path / "plain.py"), "--steps", "{max_steps}"], progress="stdout",
+                 step_pattern=r"iter (?P<step>\d+): loss (?P<loss>[\d.]+), time (?P<step_time_ms>[\d.]+)ms")
+    assert any(w.startswith("stages[0].batch: strong shrinks the built-in trainer's per-rank batch; your trainer "
+                            "(progress: stdout) keeps") for w in custom_trainer_warnings(spec))
+    engine = _engine(spec, tmp_path)
+    assert engine.submit() == 0
+    with engine.ledger.session() as s:
+        c = reads.get_campaign(s, "inproc")
+        tokens = {a.number: [m.tokens for m in reads.list_steps(s, a.id)] for _, a in reads.list_attempts(s, c)}
+    per_rank = batch_tokens(spec.model, spec.trainer, 1)  # seq_len x micro_batch_size 2 x grad_accum
+    assert tokens == {1: [per_rank * k for k in range(1, 5)], 2: [2 * per_rank * k for k in range(1, 5)]}, tokens

@@ -257,3 +257,83 @@ def test_read_metrics_checked_leaves_a_partial_garbage_line_for_the_next_read(tm
     assert got2.rows == [] and got2.bad == 11 and len(got2.problems) == 5
     assert got2.problems[0].startswith("line 2: step 'x'")
     assert report.read_metrics_checked(tmp_path, got2.offset)[:4] == ([], got2.offset, 0, [])
+
+
+def _rows(steps, *, t0=1000.0, dt=0.1, tokens_per_step=8):
+    return [{"step": s, "tokens": s * tokens_per_step, "loss": 2.0, "step_time_s": dt, "time": t0 + s * dt}
+            for s in steps]
+
+
+FORGED = {"step": 999, "loss": 1.0, "tokens": 1}
+"""Issue 39, item 2: the row an adversary appended to a running attempt's metrics.jsonl."""
+
+
+@pytest.mark.parametrize("forged", [FORGED, {"step": 999, "loss": 1.0, "tokens": 10**6, "time": 1010.85},
+                                    {"step": 500, "loss": 1.0}])
+def test_one_forged_row_ahead_is_rejected_and_the_real_rows_after_it_kept(tmp_path, forged):
+    """Issue 39, item 2: a row inside the attempt's range but ahead of what the trainer wrote
+    (tokens going back, or plausible tokens and time stamp, or a bare row) is rejected and
+    counted; every real row after it is kept (before: the forged row stored, 890 real rows
+    rejected as "step 109 does not follow step 999")."""
+    rows = _rows(range(1, 109))
+    lines = [json.dumps(r) for r in rows] + [json.dumps(forged)] + [json.dumps(r) for r in _rows(range(109, 1001))]
+    (tmp_path / report.METRICS_FILE).write_text("\n".join(lines) + "\n")
+    got = report.read_metrics_checked(tmp_path, max_step=1000)
+    assert [r["step"] for r in got.rows] == list(range(1, 1001))
+    assert got.bad == 1 and got.problems[0].startswith("line 109: "), got.problems
+    assert f"\"step\": {forged['step']}" in got.problems[0]
+
+
+def test_a_chain_decides_the_same_however_the_reads_cut_the_file(tmp_path):
+    """The driver reads metrics.jsonl every second while the trainer writes: the same rows are
+    kept, and the same ones rejected, whether one read or many see them (a held row survives
+    the cut between two reads)."""
+    path = tmp_path / report.METRICS_FILE
+    lines = ([json.dumps(r) for r in _rows(range(1, 6))] + [json.dumps(FORGED | {"tokens": 10**6, "time": 1000.55})]
+             + [json.dumps(r) for r in _rows(range(6, 11))] + ['{"step": 3, "loss": 1.0, "tokens": 24, "time": 1000.3}'])
+    chain, offset, line, kept, bad = report.StepChain(max_step=1000), 0, 1, [], 0
+    for text in lines:
+        with open(path, "a") as f:
+            f.write(text + "\n")
+        got = report.read_metrics_checked(tmp_path, offset, line=line, chain=chain)
+        offset, line, kept, bad = got.offset, got.line, kept + got.rows, bad + got.bad
+        if text == lines[5]:
+            assert got.rows == [] and chain.tip == 999, "the jump is held until the next row"
+    kept += chain.end()
+    whole = report.read_metrics_checked(tmp_path, max_step=1000)
+    assert [r["step"] for r in kept] == [r["step"] for r in whole.rows] == list(range(1, 11))
+    assert bad == whole.bad == 2
+
+
+def test_a_trainer_that_logs_every_tenth_step_waits_only_for_its_first_jump(tmp_path):
+    """Rows 10 steps apart (nanoGPT's log_interval): the first jump waits for the next row;
+    after it, a jump of the stride seen is taken at once; a row at the end is taken by end()."""
+    chain = report.StepChain(max_step=100)
+    took = []
+    for r in _rows([1, 11, 21, 31]):
+        took.append([x["step"] for x in chain.add(r, r["step"], b"")[0]])
+    assert took == [[1], [], [11, 21], [31]]
+    chain.add(_rows([61])[0], 61, b"")
+    assert [r["step"] for r in chain.end()] == [61]
+
+
+def test_a_resumed_attempts_first_row_is_taken_at_once_and_a_forged_first_row_refuted():
+    chain = report.StepChain(max_step=100, start=50)
+    assert [r["step"] for r in chain.add(_rows([51])[0], 1, b"")[0]] == [51]
+    chain = report.StepChain(max_step=100)
+    assert chain.add(FORGED | {"step": 99}, 1, b"x") == ([], [])
+    taken, refused = chain.add(_rows([1])[0], 2, b"")
+    assert [r["step"] for r in taken] == [1] and refused[0][0] == 1 and "step 99 is not the trainer's" in refused[0][1]
+
+
+@pytest.mark.parametrize(("row", "why"), [
+    ({"step": 6, "tokens": 8, "loss": 1.0, "time": 1000.6}, "tokens 8 go back from the 40 of step 5"),
+    ({"step": 6, "tokens": 48, "loss": 1.0}, "no time stamp, where step 5's row has one"),
+    ({"step": 6, "tokens": 48, "loss": 1.0, "time": 900.0}, "time stamp 900.000 is before step 5's"),
+])
+def test_rows_the_trainer_cannot_have_written_are_rejected_at_once(row, why):
+    chain = report.StepChain(max_step=100)
+    for r in _rows(range(1, 6)):
+        chain.add(r, r["step"], b"")
+    taken, refused = chain.add(row, 6, b"")
+    assert taken == [] and refused[0][1].startswith(why), refused

@@ -133,13 +133,14 @@ def test_every_signature_is_tested_and_documented() -> None:
 
 
 # --- log helpers --------------------------------------------------------------------------
-def test_last_error_line_prefers_a_signature_then_an_error_then_the_last_line() -> None:
+def test_last_error_line_prefers_a_signature_then_an_error_else_none() -> None:
     tb = ["step 3", "Traceback (most recent call last):", '  File "train.py", line 9, in <module>',
           "KeyError: 'optimizer'", "[W socket.cpp] cleanup"]
     assert ev.last_error_line(tb) == "KeyError: 'optimizer'"
     assert ev.last_error_line(["step 3", "fatal: something odd", "bye"]) == "fatal: something odd"
-    assert ev.last_error_line(["step 3", "bye", "  "]) == "bye"
+    assert ev.last_error_line(["step 3", "bye", "  "]) is None  # no line looks like an error: none is quoted
     assert ev.last_error_line([]) is None
+    assert ev.last_error_line(["campaign.train: fault crash at step 25", "bye"]) == "campaign.train: fault crash at step 25"
 
 
 def test_a_crash_quote_skips_warning_lines() -> None:
@@ -151,7 +152,7 @@ def test_a_crash_quote_skips_warning_lines() -> None:
            "  scaler = torch.cuda.amp.GradScaler(enabled=(dtype == 'float16'))",
            "[W1205 06:50:01.123 ProcessGroupGloo.cpp:123] Warning: failed to do something harmless"]
     assert ev.last_error_line(log) == "RuntimeError: shapes do not match"
-    assert ev.last_error_line(log[4:6] + ["bye"]) == "bye"
+    assert ev.last_error_line(log[4:6] + ["bye"]) is None
 
 
 def test_normalise_removes_what_differs_between_ranks() -> None:
@@ -273,10 +274,10 @@ def test_the_signal_killed_rank_wins_the_tie_not_the_lower_index() -> None:
 
 
 def test_ties_without_evidence_go_to_the_earliest_then_the_lowest_rank() -> None:
-    f = assess([x(3, "n2", 1, 10, "err A"), x(1, "n1", 1, 10, "err B")], first_step=True, nodes=NODES)
+    f = assess([x(3, "n2", 1, 10, "error A"), x(1, "n1", 1, 10, "error B")], first_step=True, nodes=NODES)
     assert f.primary["rank"] == 1
-    f = assess([x(3, "n2", 1, 9, "err A"), x(1, "n1", 1, 10, "err B")], first_step=True, nodes=NODES)
-    assert f.primary["rank"] == 3 and f.last_error_line == "err A" and f.log_path == "/run/logs/rank-3.log"
+    f = assess([x(3, "n2", 1, 9, "error A"), x(1, "n1", 1, 10, "error B")], first_step=True, nodes=NODES)
+    assert f.primary["rank"] == 3 and f.last_error_line == "error A" and f.log_path == "/run/logs/rank-3.log"
 
 
 def test_same_poll_window() -> None:
@@ -465,3 +466,25 @@ def test_classify_finding(code: int, kind: str, cls: str) -> None:
     assert exits.classify_finding(code, kind) == cls and cls in exits.CLASSES
     assert "crashed_unknown" in exits.CONFIRM_ONCE and "crashed_unknown" not in exits.RESUMABLE
 
+
+
+# What build-nanogpt and nanoGPT print before their first step (issue 39, item 5): no cause.
+STARTUP_LINES = ("using device: cpu", "total desired batch size: 1024", "found vocab_size = 32 (inside data/meta.pkl)",
+                 "number of parameters: 0.01M")
+
+
+@pytest.mark.parametrize("code", [1, 137])
+def test_a_crash_whose_log_shows_no_error_quotes_none_and_says_so(code: int) -> None:
+    """Issue 39, item 5: the finding quoted the last line printed ("using device: cpu") as the
+    cause; it quotes a line that looks like an error, or says the log shows none."""
+    for tail in (STARTUP_LINES[:1], STARTUP_LINES):
+        f = assess([x(0, "n1", code, 10, *tail)], first_step=False, nodes=NODES)
+        assert f.last_error_line is None and not any(line in f.message for line in tail), f.message
+        assert "its log (/run/logs/rank-0.log) shows no error line" in f.message, f.message
+    f = assess([x(0, "n1", 1, 10, *STARTUP_LINES, "AssertionError: bad shape", "using device: cpu")], first_step=False,
+               nodes=NODES)
+    assert f.last_error_line == "AssertionError: bad shape" and '"AssertionError: bad shape"' in f.message
+    broken = "campaign.train: broken environment: ImportError('libtorch_cpu.so: cannot open shared object file')"
+    for line in (broken, "Unable to locate sufficient 2 gpus to run this example. Exiting.",
+                 "python: can't open file '/x/train.py': [Errno 2] No such file or directory"):
+        assert ev.last_error_line([*STARTUP_LINES, line, "using device: cpu"]) == line

@@ -221,6 +221,36 @@ class TestLongRun:
                                carried={"step": 30, "tokens": 3000, "loss": 1.5})
         assert not short.passed and "short of the target" in short.reason
 
+    def test_a_step_trained_again_is_quoted_from_the_later_attempt(self) -> None:
+        """Issue 39, item 5: the verdict quoted the earlier attempt's loss for the final step
+        that a relaunch trained again."""
+        first = self.attempt(1, "crashed_unknown", range(1, 15))
+        again = self.attempt(0, "succeeded", range(9, 15))
+        again["metrics"] = [{**m, "loss": 1.25} for m in again["metrics"]]
+        v = long_run.judge([first, again], steps=14, tokens=None)
+        assert v.passed and "final loss 1.2500" in v.reason and v.numbers["last_loss"] == 1.25, v.reason
+
+    def test_a_failure_after_rank_0_reported_the_target_is_not_relaunched(self) -> None:
+        """Issue 39, item 5: a rank crashed after rank 0 had reported the last step; the relaunch
+        redid steps from an older checkpoint. The stage stops there and passes on that
+        attempt's own final step and loss, saying how the launch ended."""
+        class O:
+            def __init__(self, code: int, cls: str, last: int | None) -> None:
+                self.exit_code, self.exit_class, self.last_step = code, cls, last
+                self.report = type("R", (), {"finding": {}})()
+
+        stage = long_run.LongRunStage(steps=14, max_attempts=3)
+        assert long_run.next_action([O(3, "crashed_unknown", 14)], stage, target_step=14) == "target reached"
+        assert long_run.next_action([O(3, "crashed_unknown", 13)], stage, target_step=14) is None
+        assert long_run.next_action([O(94, "diverged", 14)], stage, target_step=14) == "not resumable"
+        a = self.attempt(3, "crashed_unknown", range(1, 15), error="rank 1 on n2 exited with 3; its log (/r/rank-1.log) "
+                         "shows no error line. Not enough evidence to blame a node; none blamed, one confirming retry.")
+        v = long_run.judge([a], steps=14, tokens=None, stop="target reached")
+        assert v.passed and "reached 14 steps (step 14, 1,400 tokens)" in v.reason, v.reason
+        assert ("attempt 1 then ended crashed_unknown (exit 3) after its rank 0 reported the last step: rank 1 on n2 "
+                "exited with 3; its log (/r/rank-1.log) shows no error line; not relaunched") in v.reason, v.reason
+        assert "confirming retry" not in v.reason
+
     def test_budget_spent(self) -> None:
         a = [self.attempt(1, "crashed_node", range(1, 5))] * 3
         v = long_run.judge(a, steps=40, tokens=None, stop="budget", max_attempts=3)
@@ -294,6 +324,32 @@ class TestResumeTest:
         v = resume_test.judge([resume_test.compare("SIGKILL", self.ref, {"exit_code": 137},
                                                    self.resumed(shift=1e-7), 0.0, checkpoint_step=10)])
         assert "steps 11-12 matched: the state was restored" in v.reason, v.reason
+
+    def test_a_resume_that_repeats_the_interrupted_run_is_not_blamed_for_the_runs_differing(self) -> None:
+        """Issue 39, item 5: the interrupted run trained another run than the reference (before:
+        max_steps 10^9 changed build-nanogpt's cosine from step 13); the resumed steps equal its
+        own logged steps bit for bit, so the verdict says the resume restored that run and the
+        two runs differ, instead of blaming "a script that reseeds its RNG"."""
+        other = [{**m, "loss": m["loss"] + (0.01 if m["step"] >= 3 else 0.0)} for m in self.ref]  # from step 3
+        cut = {"exit_code": 137, "metrics": [m for m in other if m["step"] <= 12]}
+        resumed = {"exit_code": 0, "exit_class": "succeeded", "metrics": [m for m in other if m["step"] >= 11]}
+        c = resume_test.compare("SIGKILL", self.ref, cut, resumed, 0.0, checkpoint_step=10, own_checkpoint=True)
+        v = resume_test.judge([c])
+        assert not v.passed and "loss differs first at step 11" in v.reason, v.reason
+        assert ("the resumed steps 11-12 equal the interrupted run's own bit for bit: the checkpoint restored that run "
+                "exactly; the interrupted run itself differs from the reference from step 3") in v.reason, v.reason
+        assert "reseeds" not in v.reason and c["cut_max_abs_diff"] == 0 and c["cut_first_differing_step"] is None
+
+    def test_the_resumed_steps_are_compared_with_the_interrupted_runs_own(self) -> None:
+        cut = {"exit_code": 137, "metrics": [m for m in self.ref if m["step"] <= 12]}
+        v = resume_test.judge([resume_test.compare("SIGKILL", self.ref, cut, self.resumed(), 0.0, checkpoint_step=10)])
+        assert v.passed and "equal bit for bit (the interrupted run's own steps 11-12: bit for bit)" in v.reason, v.reason
+        reseeded = self.resumed()
+        reseeded["metrics"] = [{**m, "loss": m["loss"] + 0.003} for m in reseeded["metrics"]]  # type: ignore[attr-defined]
+        v = resume_test.judge([resume_test.compare("SIGKILL", self.ref, cut, reseeded, 0.0, checkpoint_step=10,
+                                                   own_checkpoint=True)])
+        assert "the resumed step 11 differs from the interrupted run's own too (4.893 vs 4.89)" in v.reason, v.reason
+        assert "reseeds its RNG" in v.reason
 
     def test_token_gap_is_caught(self) -> None:
         c = resume_test.compare("SIGKILL", self.ref, {"exit_code": 137}, self.resumed(tokens_off=10), 0.0)

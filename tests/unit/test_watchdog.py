@@ -204,3 +204,25 @@ def test_a_confirmed_collective_hang_is_priced_at_the_median_step_not_the_p99() 
     # A confirmed floor as wide as the floor means "wait the full budget": the p99 again.
     full = policy.model_copy(update={"confirmed_floor_s": 10.0})
     assert decide(w, full, 4.6, confirmed="collective").budget_s == 3 * 1.6 + 10
+
+
+def test_the_watch_follows_the_real_steps_after_a_forged_row(tmp_path) -> None:
+    """Issue 39, item 2: the supervisor's watch reads metrics.jsonl as the driver does (one
+    `report.StepChain` per attempt): a forged step 999 appended mid-run neither becomes the
+    watch's last step nor hides the real steps after it (which would look like a stall)."""
+    import json
+
+    from campaign import report, supervisor
+    from campaign.watchdog import Watch
+
+    path = tmp_path / report.METRICS_FILE
+    watch, offsets, chain = Watch(started=0.0), {"metrics": 0, "events": 0}, report.StepChain(max_step=1000)
+    row = lambda s: json.dumps({"step": s, "tokens": 8 * s, "loss": 2.0, "step_time_s": 0.1, "time": 100 + s})  # noqa: E731
+    seen = []
+    for lines in ([row(s) for s in range(1, 6)], ['{"step": 999, "loss": 1.0, "tokens": 1000000, "time": 105.5}'],
+                  [row(6)], [row(7), row(8)]):
+        with open(path, "a") as f:
+            f.write("\n".join(lines) + "\n")
+        supervisor._observe(tmp_path, watch, offsets, 10.0, chain)
+        seen.append(watch.last_step)
+    assert seen == [5, 5, 6, 8]
