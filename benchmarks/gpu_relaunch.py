@@ -62,9 +62,16 @@ from gpu_hang_drill import killed_at, ledger_attempts
 SHAPES = {  # micro-batch, steps, checkpoint every, kill step, hang step
     "tiny": (4, 24, 5, 9, 17),
     "gpt2-124m": (8, 120, 20, 45, 95),
-    "1b": (4, 50, 10, 22, 42),
+    "1b": (4, 40, 20, 25, 35),
 }
-"""Per shape: faults a few steps after a checkpoint (the relaunch recomputes those steps)."""
+"""Per shape: faults a few steps after a checkpoint (the relaunch recomputes those steps). At 1b
+a checkpoint (model and AdamW state) holds ~16 GB: few of them, and blind retry meets only the
+kill (`BLIND_FAULTS`), so that all of it fits one 10-minute device command."""
+BARE_S = {"tiny": 40, "gpt2-124m": 70, "1b": 110}
+"""What the bare trainer's run takes (a cold start and a few steps; measured on an H100 at
+gpt2-124m, 46 s to the first step), left to it when blind retry runs before it."""
+BLIND_FAULTS = {"1b": 1}
+"""Faults of blind retry's long run where fewer than both (the first: the kill)."""
 SKIP = 3
 """Steps of each attempt left out of the per-step median (the compile, allocation)."""
 PER_STEP_MAX, FIXED_MAX_S = 1.02, 5.0
@@ -114,12 +121,12 @@ def sized(args: argparse.Namespace, size: str) -> argparse.Namespace:
     return a
 
 
-def long_run(size: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def long_run(size: str, extra: dict[str, Any] | None = None, faults: int = 2) -> dict[str, Any]:
     _, steps, every, kill, hang = SHAPES[size]
     st = {"name": "long-run", "kind": "long_run", "nodes": 1, "steps": steps, "checkpoint_every": every,
-          "max_attempts": 3, "crash_loop": 3, "backoff_s": 0, "timeout_s": 900,
+          "max_attempts": faults + 1, "crash_loop": 3, "backoff_s": 0, "timeout_s": 900,
           "faults": [{"kind": "sigkill", "step": kill, "rank": 0, "attempt": 1},
-                     {"kind": "hang", "step": hang, "rank": 0, "attempt": 2}],
+                     {"kind": "hang", "step": hang, "rank": 0, "attempt": 2}][:faults],
           # The first launch compiles from nothing (1b: a minute or more); later steps: the defaults.
           "watchdog": {"startup_s": 600}, "continue_on_failure": True}
     for k, v in (extra or {}).items():
@@ -152,18 +159,19 @@ def blind_spec(a: argparse.Namespace) -> dict[str, Any]:
 
     return h.campaign_spec(a, f"relaunch-{a.size}-blind", f"blind retry: relaunch costs, {a.size}",
                            trainer(a, warm_start=False, rescue=False, compile_cache=False),
-                           [long_run(a.size, BASELINE)])
+                           [long_run(a.size, BASELINE, faults=BLIND_FAULTS.get(a.size, 2))])
 
 
-def bare(run: h.Run, config: Path, name: str) -> dict[str, Any]:
+def bare(run: h.Run, config: Path, name: str, steps: int) -> dict[str, Any]:
     """The campaign's first trainer.json, alone: no faults, a fresh checkpoint folder, no
-    compile cache (it compiles from nothing, as that first launch did)."""
+    compile cache (it compiles from nothing, as that first launch did), `steps` steps and no
+    checkpoint (the steps before the long run's first save: per step, both sides train alike)."""
     d = run.workdir / f"bare-{name}"
     d.mkdir(parents=True, exist_ok=True)
     cfg = json.loads(config.read_text())
     cfg["faults"] = []
     cfg["run"].update(checkpoint_dir=str(d / "checkpoints"), compile_cache_dir=None, resume=False, attempt=1,
-                      rescue=False)
+                      rescue=False, max_steps=steps, checkpoint_final=False, checkpoint_at=[])
     path = d / "trainer.json"
     path.write_text(json.dumps(cfg))
     env = {k: v for k, v in run.env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
@@ -264,6 +272,11 @@ def _supervisor(a: dict[str, Any]) -> dict[str, Any]:
         return {}
 
 
+SHAPES_EVERY: dict[str, int] = {}
+"""Campaign name -> its checkpoint interval (set as the campaigns are made): attempt 1's steps
+before the first save are the ones compared with the bare run's."""
+
+
 def analyse(run: h.Run, name: str) -> dict[str, Any]:
     atts = [a for a in ledger_attempts(run.campaigns, name) if a["stage"] == "long-run"]
     for a in atts:
@@ -271,8 +284,10 @@ def analyse(run: h.Run, name: str) -> dict[str, Any]:
     rows = [{"step": s, "time": t} for a in atts for s, t, _ in a["steps"]]
     g = gaps(rows)
     step_s = statistics.median(g) if g else 0.0
+    every = SHAPES_EVERY.get(name)
+    g1 = gaps([{"step": s, "time": t} for s, t, _ in atts[0]["steps"] if every is None or s < every]) if atts else []
     out = {"attempts": [{k: a[k] for k in ("number", "state", "exit_code", "first_step", "last_step")} for a in atts],
-           "step_s": step_s, "relaunches": [], "first": None}
+           "step_s": step_s, "step_s_first": statistics.median(g1) if g1 else None, "relaunches": [], "first": None}
     for a, nxt in zip(atts, atts[1:]):
         if a["state"] != "succeeded":
             out["relaunches"].append(relaunch(a, nxt, step_s))
@@ -280,7 +295,8 @@ def analyse(run: h.Run, name: str) -> dict[str, Any]:
         first = atts[0]
         marks = (first.get("startup") or {}).get("marks") or {}
         out["first"] = {"segments": startup_segments(marks, step_s), "warm": (first.get("startup") or {}).get("warm"),
-                        "started": first["started"], "first_step_time": first["steps"][0][1] if first["steps"] else None}
+                        "started": first["started"], "first_step_time": first["steps"][0][1] if first["steps"] else None,
+                        "process": marks.get("process")}
         out["last_step_time"] = atts[-1]["steps"][-1][1] if atts[-1]["steps"] else None
     out["finished"] = bool(atts and atts[-1]["state"] == "succeeded")
     return out
@@ -414,25 +430,39 @@ def run_size(run: h.Run, args: argparse.Namespace, size: str, reserve_s: float) 
     if size in args.cuts:
         specs += [("no cache", ours_spec(a, "no cache", {"compile_cache": False}, False)),
                   ("cold start", ours_spec(a, "cold start", {"warm_start": False}, False))]
+    every = SHAPES[size][2]
     for i, (label, spec) in enumerate(specs):
+        SHAPES_EVERY[spec["name"]] = every
+        if i == 2:  # after ours and blind retry: the bare trainer, then the cuts
+            run_bare(run, res, specs[0][1]["name"], size, reserve_s)
         if run.left() < reserve_s:
             h.say(f"{size}: no time left for {label}")
             res.setdefault("not_run", []).append(label)
             continue
         t0 = time.time()
-        out = run.campaign(spec, reserve_s=reserve_s)
+        # Blind retry leaves the bare trainer its time (its first start, a compile from nothing).
+        out = run.campaign(spec, reserve_s=reserve_s + (BARE_S[size] if i == 1 else 0))
         t1 = time.time()
         an = analyse(run, spec["name"])
         an.update(cli_t0=t0, cli_t1=t1, exit_code=out["submit"]["exit_code"],
                   stages=[(s["name"], s["state"]) for s in (out["status"] or {}).get("stages", [])])
         res["policies"][label] = an
         drop_checkpoints(run.campaigns / spec["name"])
-        if i == 0:  # the bare trainer right after ours, with its first attempt's config
-            atts = ledger_attempts(run.campaigns, spec["name"])
-            if atts and run.left() > reserve_s:
-                res["bare"] = bare(run, Path(atts[0]["run_dir"]) / "trainer.json", size)
-                drop_checkpoints(Path(res["bare"]["run_dir"]))
+    run_bare(run, res, specs[0][1]["name"], size, reserve_s)  # (where no cut ran after it)
     return res
+
+
+def run_bare(run: h.Run, res: dict[str, Any], ours: str, size: str, reserve_s: float) -> None:
+    """The bare trainer (after ours and blind retry), with ours' first attempt's config."""
+    if "bare" in res or "bare" in res.get("not_run", []):
+        return
+    atts = ledger_attempts(run.campaigns, ours)
+    if not atts or run.left() < reserve_s + 30:
+        h.say(f"{size}: no time left for the bare trainer")
+        res.setdefault("not_run", []).append("bare")
+        return
+    res["bare"] = bare(run, Path(atts[0]["run_dir"]) / "trainer.json", size, SHAPES[size][2] - 1)
+    drop_checkpoints(Path(res["bare"]["run_dir"]))
 
 
 def drop_checkpoints(root: Path) -> None:
@@ -450,18 +480,18 @@ def overhead(res: dict[str, Any]) -> dict[str, Any] | None:
     if not ours or not b or not b["rows"] or not ours.get("first") or ours["first"].get("first_step_time") is None:
         return None
     bg = gaps(b["rows"])
-    camp_step, bare_step = ours["step_s"], statistics.median(bg) if bg else None
-    camp_fixed = (ours["first"]["first_step_time"] - ours["cli_t0"]) + (ours["cli_t1"] - ours["last_step_time"])
-    bare_fixed = (b["rows"][0]["time"] - b["t0"]) + (b["t1"] - b["rows"][-1]["time"])
-    # The campaign's last launch is later stages' (smoke, loss check...): take the long run's own
-    # end instead, from its last step to the end of its attempt, when later stages ran.
+    camp_step, bare_step = ours["step_s_first"], statistics.median(bg) if bg else None
+    first = ours["first"]
+    where = {"cli start -> attempt start": first["started"] - ours["cli_t0"],
+             "attempt start -> trainer process": (first["process"] - first["started"]) if first.get("process") else None,
+             "trainer process -> first step": (first["first_step_time"] - first["process"]) if first.get("process") else None}
     return {"campaign_step_s": camp_step, "bare_step_s": bare_step,
-            "per_step": camp_step / bare_step if bare_step else None,
-            "campaign_start_s": ours["first"]["first_step_time"] - ours["cli_t0"],
-            "bare_start_s": b["rows"][0]["time"] - b["t0"], "bare_end_s": b["t1"] - b["rows"][-1]["time"],
-            "campaign_fixed_s": camp_fixed, "bare_fixed_s": bare_fixed,
-            "fixed_start_s": (ours["first"]["first_step_time"] - ours["cli_t0"]) - (b["rows"][0]["time"] - b["t0"]),
-            "bare_marks": startup_segments(((b["marks"] or {}).get("marks") or {}), bare_step or 0.0)}
+            "per_step": camp_step / bare_step if bare_step and camp_step else None,
+            "campaign_start_s": first["first_step_time"] - ours["cli_t0"], "campaign_start": where,
+            "bare_start_s": b["rows"][0]["time"] - b["t0"],
+            "fixed_start_s": (first["first_step_time"] - ours["cli_t0"]) - (b["rows"][0]["time"] - b["t0"]),
+            "bare_marks": startup_segments(((b["marks"] or {}).get("marks") or {}), bare_step or 0.0),
+            "campaign_marks": first["segments"]}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -492,10 +522,11 @@ def main(argv: list[str] | None = None) -> None:
         ov = overhead(res)
         res["overhead"] = ov
         if ov:
-            lines += [f"- {size} per step: campaign {ov['campaign_step_s']:.4f} s, bare {fmt(ov['bare_step_s'], '.4f')} s; "
-                      f"start to first step: campaign {ov['campaign_start_s']:.2f} s, bare {ov['bare_start_s']:.2f} s "
-                      f"(bare's own start: {json.dumps({k: round(v, 2) for k, v in ov['bare_marks'].items()})}); "
-                      f"fixed (outside the steps): campaign {ov['campaign_fixed_s']:.2f} s, bare {ov['bare_fixed_s']:.2f} s"]
+            r2 = lambda d: json.dumps({k: None if v is None else round(v, 2) for k, v in d.items()})  # noqa: E731
+            lines += [f"- {size} per step (attempt 1, steps {SKIP + 1}-{SHAPES[size][2] - 1}): campaign "
+                      f"{fmt(ov['campaign_step_s'], '.4f')} s, bare {fmt(ov['bare_step_s'], '.4f')} s; start to first step: "
+                      f"campaign {ov['campaign_start_s']:.2f} s {r2(ov['campaign_start'])}, trainer's marks "
+                      f"{r2(ov['campaign_marks'])}; bare {ov['bare_start_s']:.2f} s, its marks {r2(ov['bare_marks'])}"]
             targets.check(f"{size}: per step, campaign/bare", ov["per_step"] or float("nan"), "<=", PER_STEP_MAX, "x")
             targets.check(f"{size}: fixed overhead at the start, campaign - bare", ov["fixed_start_s"], "<=",
                           FIXED_MAX_S, " s")
@@ -526,8 +557,9 @@ def main(argv: list[str] | None = None) -> None:
             w = csv.DictWriter(f, list(rows[0]))
             w.writeheader()
             w.writerows(rows)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent, check=False).stdout.strip() or os.environ.get("CAMPAIGN_COMMIT", "?")
+    commit = os.environ.get("CAMPAIGN_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent,
+        check=False).stdout.strip() or "?"
     body = [f"commit {commit}; command: python benchmarks/gpu_relaunch.py {' '.join(sys.argv[1:])}", "", *lines, "",
             "### Relaunch breakdown (s; each segment ends at its name)", "", breakdown_table(rows), "", proj]
     h.finish(run, body, targets)
