@@ -511,6 +511,10 @@ def main(argv: list[str] | None = None) -> None:
         lost = {k: v for size in saved.get("sizes", {}) for k, v in lost_by_policy(saved["sizes"], size).items()}
         print(projection(lost)[0])
         return
+    if args.rehearsal and args.out is None and not os.environ.get("OUT"):  # not into the checkout
+        import tempfile
+
+        args.out = Path(tempfile.mkdtemp(prefix="gpu-relaunch-rehearsal-"))
     specs = [s for size in args.sizes for s in (ours_spec(sized(args, size), "ours", {}, True), blind_spec(sized(args, size)))]
     run = h.start(args, "Relaunch cost on one GPU", specs)
     results: dict[str, Any] = {}
