@@ -4,7 +4,7 @@ table, and writing the outputs (summary.md/.json, steps.csv, attempts.csv, runs.
 
 Not run on its own. The scripts beside it import it (`python benchmarks/gpu_*.py` puts
 benchmarks/ on sys.path): gpu_throughput_in_campaign.py, gpu_ddp_allreduce.py,
-gpu_hang_drill.py, gpu_resume_exact.py.
+gpu_hang_drill.py, gpu_resume_exact.py, gpu_relaunch.py.
 
 Every campaign runs on the `local` site with one virtual node per GPU (`bind_gpus: true`:
 virtual node i sees only GPU i), so node counts can be scaled and a node, with its GPU,

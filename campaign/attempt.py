@@ -26,7 +26,7 @@ from pydantic import Field
 
 from campaign import contract, rundir
 from campaign.stagebase import StrictModel
-from campaign.train.config import CheckpointLayout
+from campaign.train.config import CheckpointLayout, TrainConfig
 from campaign.watchdog import WatchdogPolicy
 
 if TYPE_CHECKING:
@@ -276,6 +276,16 @@ def version_root(campaign_dir: Path, version: int) -> Path:
     return campaign_dir if version == 1 else campaign_dir / f"v{version}"
 
 
+def compile_cache_dir(train: TrainConfig, stage_dir: Path) -> str | None:
+    """The campaign's torch.compile cache folder (beside its stage folders), for the built-in
+    trainer with `compile` and `compile_cache` on; None otherwise (campaign.train.compile_cache)."""
+    from campaign.train.compile_cache import FOLDER
+
+    if train.command is not None or not (train.compile and train.compile_cache):
+        return None
+    return str(stage_dir.parent / FOLDER)
+
+
 def trainer_config(spec: CampaignSpec, targets: Targets, *, stage_dir: Path, attempt: int,
                    faults: tuple[Fault, ...] = (), spec_dir: Path | None = None) -> TrainerConfig:
     """The trainer.json of one attempt: the spec's sections, the stage's overrides and targets.
@@ -294,6 +304,7 @@ def trainer_config(spec: CampaignSpec, targets: Targets, *, stage_dir: Path, att
         run=RunConfig(max_steps=targets.steps, max_tokens=targets.max_tokens,
                       checkpoint_dir=str(stage_dir / targets.checkpoints), checkpoint_at=list(targets.checkpoint_at),
                       checkpoint_final=targets.checkpoint_final, resume=targets.resume, attempt=attempt,
+                      compile_cache_dir=compile_cache_dir(train, stage_dir),
                       # A rescue helps a stage that resumes; a bit-exact comparison wants its own checkpoints.
                       rescue=targets.resume and not targets.exact and contract.rescue(train, spec.site.launcher),
                       rescue_linger_s=contract.rescue_linger_s(spec.site.launcher)),

@@ -27,7 +27,8 @@ id, else the host. The server exits when idle for `CAMPAIGN_WARM_IDLE_S` (300 s)
 no new launch is served, running ranks finish (as cold ones would), then it exits. A server that does
 not fork a client's child within `CAMPAIGN_WARM_ACK_S` (10 s) is taken for hung: the client
 kills it, removes its socket and starts cold; the next launch starts a new server. It never
-touches a device: CUDA or XPU start in each child.
+touches a device: CUDA or XPU start in each child (a server whose imports opened a device file
+refuses to serve, exit 3, and its clients start cold: `devices_opened`).
 
 What a fork cannot give a child, and what is done instead (tested in tests/train/test_warm.py):
 - variables read when torch is imported (LD_PRELOAD, LD_LIBRARY_PATH, PYTHONPATH, ...)
@@ -75,6 +76,12 @@ PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "numpy", "campaign
            "campaign.train.__main__", "campaign.train.loop", "campaign.train.dist", "campaign.train.faults",
            "campaign.train.signals", "campaign.train.placement", "campaign.train.checkpoint")
 """What the server imports before it serves (CAMPAIGN_WARM_PRELOAD adds more, comma-separated)."""
+DEVICE_FILES = ("/dev/nvidia", "/dev/dri/", "/dev/accel/")
+"""Device files a GPU driver opens when it is initialised (NVIDIA; Intel's XPU and others through
+DRM or accel): a server holding one has initialised a device, and a child forked from it cannot
+use that device (CUDA's driver state does not survive a fork)."""
+EXIT_DEVICE_OPEN = 3
+"""The server's exit when its imports initialised a device: it serves nobody, clients start cold."""
 IDLE_S = 300.0
 CONNECT_WAIT_S = 120.0
 """How long a client waits for a server it started (the server imports torch first)."""
@@ -325,6 +332,11 @@ def serve(path: Path) -> int:
     t0 = time.monotonic()
     os.chdir(path.parent)  # not the first client's run directory, which may be removed
     _preload()
+    opened = devices_opened()
+    if opened:  # a child forked now could not use the device: serve nobody (clients start cold)
+        print(f"campaign.executors.warm: not serving {path}: the imports opened {', '.join(opened)} "
+              "(a device initialised before the fork is unusable in the forked trainer)", flush=True)
+        return EXIT_DEVICE_OPEN
     path.unlink(missing_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
@@ -414,6 +426,28 @@ def _preload() -> None:
             importlib.import_module(name)
         except Exception as exc:  # the child meets the same error and exits as a cold start would
             print(f"campaign.executors.warm: cannot preload {name}: {exc!r}", flush=True)
+
+
+def devices_opened(fd_dir: str = "/proc/self/fd", prefixes: tuple[str, ...] = DEVICE_FILES) -> list[str]:
+    """The device files (DEVICE_FILES) this process holds open: none, unless something it
+    imported initialised a GPU (e.g. a CUDA call at import). Also CUDA initialised by torch."""
+    opened = set()
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        names = []
+    for name in names:
+        try:
+            target = os.readlink(os.path.join(fd_dir, name))
+        except OSError:
+            continue
+        if target.startswith(prefixes):
+            opened.add(target)
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and getattr(cuda, "is_initialized", lambda: False)():
+        opened.add("torch.cuda (initialised)")
+    return sorted(opened)
 
 
 def _parent() -> int | None:

@@ -164,6 +164,11 @@ class TrainConfig(_Strict):
     """`auto`: bf16 autocast on accelerators, fp32 on CPU."""
     compile: bool = False
     """Wrap the model in torch.compile."""
+    compile_cache: bool = True
+    """With `compile`: keep torch.compile's caches (Inductor's FX graphs, AOTAutograd, Triton
+    kernels) in the campaign's folder on the shared filesystem (`<campaign>/compile-cache`, one
+    subfolder per rank), so a relaunch loads what the first launch compiled instead of compiling
+    again (campaign.train.compile_cache). false: every start compiles from nothing."""
     activation_checkpointing: bool = False
     """Recompute block activations in the backward pass to save memory."""
     device: Literal["auto", "cpu", "cuda", "xpu"] = "auto"
@@ -284,6 +289,9 @@ class RunConfig(_Strict):
     rescue: bool = False
     """Answer the supervisor's rescue request (SIGUSR1) after a fault: one surviving replica
     saves the last finished step (campaign.train.rescue; DDP, on the CPU or CUDA)."""
+    compile_cache_dir: str | None = None
+    """Where this attempt's ranks keep torch.compile's caches (rank-R subfolders); None: none
+    kept (a fresh private folder per process). Set from trainer.compile_cache."""
     rescue_linger_s: float = Field(default=20.0, ge=0)
     """How long a rank whose collective failed (a peer died) waits for the rescue request
     before it fails; 0 behind a launcher that ends every rank when one fails (PALS, Hydra):

@@ -25,6 +25,8 @@ from campaign.train.config import RunConfig, TrainConfig, TrainerConfig
 from campaign.train.data import Sampler, make_source
 from campaign.train.dist import DistEnv
 from campaign.train.faults import Faults
+from campaign.train.marks import EVENT as STARTUP_EVENT
+from campaign.train.marks import Marks
 from campaign.train.model import GPT, shape_for
 from campaign.train.parallelize import CommTimer, parallelize
 from campaign.train.signals import StopFlag
@@ -141,8 +143,13 @@ def _sharded(x) -> bool:
     return hasattr(x, "full_tensor")
 
 
-def train(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag) -> int:
+def train(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag,
+          marks: Marks | None = None, start: dict | None = None) -> int:
+    """`marks`: the start-up marks so far (model_built, checkpoint_loaded and first_step are
+    added here; rank 0 writes them with `start`'s fields as the `startup` event after the first step)."""
+    marks = marks or Marks()
     tr = build(cfg, env)
+    marks.mark("model_built")
     faults = Faults(cfg.faults, rank=env.rank, node=env.node, attempt=cfg.run.attempt, should_stop=stop)
     saves: list[checkpoint.Saved] = []
 
@@ -156,7 +163,7 @@ def train(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
                              before_write=faults.in_checkpoint)
     res = _rescue(cfg, env, rep, stop, tr, faults)
     try:
-        code = _loop(cfg, env, rep, stop, tr, faults, saver, saves, res)
+        code = _loop(cfg, env, rep, stop, tr, faults, saver, saves, res, marks, start or {})
     except BaseException as exc:
         if saver.in_flight:  # its writer thread may sit in a collective and keep us alive
             traceback.print_exc()
@@ -210,7 +217,7 @@ def overlap_steps(t: TrainConfig, device: torch.device, faults: list) -> bool:
 
 def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag, tr: Trainer,
           faults: Faults, saver: checkpoint.Saver, saves: list[checkpoint.Saved],
-          res: rescue.Rescue | rescue.NoRescue) -> int:
+          res: rescue.Rescue | rescue.NoRescue, marks: Marks, start: dict) -> int:
     """The steps, read top to bottom: forward and backward over the micro-steps, one small
     collective for the loss and the stop flags, clipping and the update queued, then the host
     reads the step's results (`_finish`: the one wait of the step), reports and checkpoints.
@@ -224,6 +231,13 @@ def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
                 if use_bf16(t, env.device) and tr.autocast else contextlib.nullcontext())
     overlap = overlap_steps(t, env.device, cfg.faults)
     step, tokens = _resume(cfg, env, rep, tr, faults, res, overlap)
+    marks.mark("checkpoint_loaded")
+    first = step + 1  # the attempt's first step: its end is the last start-up mark
+
+    def started(done: int) -> None:
+        if done == first:
+            marks.mark("first_step")
+            rep.event(STARTUP_EVENT, done, **marks.document(**start))
     tokens_per_step = tr.sampler.samples_per_step * tr.sampler.seq_len
     queued: _Queued | None = None  # overlapped: the step whose results the host has not read yet
     step_s = 0.0  # the last step's time (the deadline margin and the slow-down fault use it)
@@ -241,6 +255,7 @@ def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
         comm = tr.comm.cut()
         if queued is not None:  # overlapped: the step before, read while this one's backward runs
             code, step_s = _finish(queued, cfg, env, rep, tr, saver, res, overlap, host_free)  # SYNC: step-1's results
+            started(queued.step)
             if code is not None:
                 return code
             host_free = time.perf_counter()
@@ -269,12 +284,14 @@ def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
                          grad_norm, comm)
         if not overlap:
             code, step_s = _finish(queued, cfg, env, rep, tr, saver, res, overlap, host_free)  # SYNC: this step's results
+            started(queued.step)
             if code is not None:
                 return code
             host_free = time.perf_counter()
             queued = None
     if queued is not None:  # overlapped: the last step is still unread
         code, step_s = _finish(queued, cfg, env, rep, tr, saver, res, overlap, host_free)  # SYNC
+        started(queued.step)
         if code is not None:
             return code
     _drain(saver, rep, step)  # SYNC: the save in flight is durable before the exit
