@@ -21,6 +21,7 @@
                                         contract, `campaign.report`: METRICS_FILE, EVENTS_FILE, ...)
           rescue-request.json           RESCUE_REQUEST_FILE: the supervisor asks one rank to save
           rescue.json                   RESCUE_RESULT_FILE: that rank's answer (`campaign.train.rescue`)
+          injected.json                 INJECTED_FILE: `campaign inject` sent this attempt a fault (a drill)
 
 The supervisor, the driver, recovery, the trainer's contract helper and the trainer take
 their names from here; the trainer contract (`docs/trainer-contract.md`) documents the
@@ -63,6 +64,9 @@ RESCUE_REQUEST_FILE = "rescue-request.json"
 """Written by the supervisor: {"rank": R} (the rank that saves), then SIGUSR1."""
 RESCUE_RESULT_FILE = "rescue.json"
 """Written by the rank that was asked: {"saved": bool, "step", "path", "seconds", "why"}."""
+INJECTED_FILE = "injected.json"
+"""Written by `campaign inject` before it signals a rank: {"fault", "rank", "step", ...}. The
+driver reads it: an exclusion that follows a drill binds that campaign only."""
 
 
 def attempt_dir(stage_dir: Path, number: int) -> Path:

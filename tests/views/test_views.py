@@ -19,7 +19,7 @@ from campaign.views import campaign_detail, campaigns_table
 
 STAGE_KEYS = {"name", "kind", "state", "attempts", "tokens", "last_loss", "verdict", "goodput", "checkpoint_interval"}
 DETAIL_KEYS = {"site", "version", "updated", "attempts_detail", "stage_numbers", "exclusions", "scaling", "events",
-               "warnings"}
+               "warnings", "driver", "running"}
 
 
 def render(renderable: Any) -> str:
@@ -141,7 +141,8 @@ def test_campaigns_table_renders_rows() -> None:
 
 def test_the_attempts_table_shows_each_label_once() -> None:
     """A relaunch's own label ("relaunch 1", "confirming retry") is shown as it is (it was
-    printed "relaunch relaunch 1"); an unlabelled attempt after a failed one reads "relaunch"."""
+    printed "relaunch relaunch 1"); an unlabelled attempt after a failed one reads "relaunch K"
+    for attempt K + 1, the one numbering status, events, plots and export share."""
     from rich.console import Console
 
     from campaign.views import attempts_table
@@ -156,4 +157,4 @@ def test_the_attempts_table_shows_each_label_once() -> None:
     text = console.export_text()
     assert "relaunch relaunch" not in text and "relaunch confirming" not in text
     assert "relaunch 1" in text and "confirming retry" in text
-    assert [line.split("│")[3].strip() for line in text.splitlines() if line.startswith("│")][-1] == "relaunch"
+    assert [line.split("│")[3].strip() for line in text.splitlines() if line.startswith("│")][-1] == "relaunch 3"
