@@ -92,7 +92,8 @@ def _complete_stages(ctx: click.Context, incomplete: str) -> list[Any]:
     """Shell completion of --stage: the stages of the campaign already on the command line."""
     from click.shell_completion import CompletionItem
 
-    name = ctx.params.get("name") or next(iter(ctx.params.get("names") or ()), None)
+    # While an option's value is completed, click leaves the arguments before it unparsed in ctx.args.
+    name = ctx.params.get("name") or next(iter(ctx.params.get("names") or ()), None) or next(iter(ctx.args), None)
     if not name:
         return []
     return [CompletionItem(n) for n in completion_names_of(ctx, name) if n.startswith(incomplete)]

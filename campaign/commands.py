@@ -608,9 +608,13 @@ def _send_fault(run_dir: Path, pids: dict[str, Any], fault: str, rank: int, step
     if pids.get("launcher") != "local":
         raise CampaignError(f"the attempt in {run_dir} was started by {pids.get('launcher')}, one process for every "
                             "rank: `campaign inject` targets a rank of the local launcher only")
-    pgids = pids.get("pgids") or []
+    pgids = list(pids.get("pgids") or [])
     if not 0 <= rank < len(pgids):
         raise CampaignError(f"rank {rank} is not in the attempt in {run_dir} (ranks 0-{len(pgids) - 1})")
+    try:  # a warm-start server forked the rank: its own process group, not the client's the launcher started
+        pgids[rank] = int(rundir.rank_pid_file(run_dir, rank).read_text())
+    except (OSError, ValueError):
+        pass
     done = {"fault": fault, "rank": rank, "run_dir": str(run_dir), "step": step, "signal": INJECTED[fault].name,
             "time": time.time()}
     marker = run_dir / rundir.INJECTED_FILE

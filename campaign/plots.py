@@ -187,12 +187,12 @@ def run_figure(runs: Sequence[dict[str, Any]], *, log_x: bool = False, title: st
             if fx:
                 ax.plot([fx[-1]], [fy[-1]], "x", color=RELAUNCH_COLOUR, markersize=9, markeredgewidth=2,
                         gid=f"{gid}/fault-{k}")
-            at = nx[0] if nx else (fx[-1] if fx else None)
+            at = _resumed_at(failed, r.get("resume_step"), nx)
             if at is None:
                 continue
             ax.axvline(at, color=RELAUNCH_COLOUR, linestyle="--", linewidth=1, gid=f"{gid}/relaunch-{k}")
-            if fx and nx and fx[-1] > nx[0]:  # the steps lost: trained again by the relaunch
-                ax.axvspan(nx[0], fx[-1], color=RELAUNCH_COLOUR, alpha=0.12, linewidth=0, gid=f"{gid}/lost-{k}")
+            if fx and fx[-1] > at:  # the steps lost: trained again by the relaunch
+                ax.axvspan(at, fx[-1], color=RELAUNCH_COLOUR, alpha=0.12, linewidth=0, gid=f"{gid}/lost-{k}")
             # Labels of relaunches close together step down the axes instead of overlapping.
             near = sum(1 for x in labels_at if abs(x - at) < 0.15 * max(ax.get_xlim()[1], 1))
             labels_at.append(at)
@@ -211,9 +211,24 @@ def run_figure(runs: Sequence[dict[str, Any]], *, log_x: bool = False, title: st
     ax.set_xlabel("tokens (cumulative over the stage's attempts)" + (", log scale" if log_x else ""))
     ax.set_ylabel("training loss")
     ax.grid(True, alpha=0.3, which="both" if log_x else "major")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, loc="upper right")
+    handles, labels = ax.get_legend_handles_labels()
+    if any(r["relaunches"] for r in runs):  # a key to the relaunch marks
+        handles += [Line2D([], [], color=RELAUNCH_COLOUR, marker="x", linestyle="", markersize=8, markeredgewidth=2),
+                    Line2D([], [], color=RELAUNCH_COLOUR, linestyle="--", linewidth=1)]
+        labels += ["last step before the fault", "relaunch: resumed from here (shaded: steps lost)"]
+    if handles:
+        ax.legend(handles, labels, fontsize=8, loc="upper right")
     return fig
+
+
+def _resumed_at(failed: dict[str, Any] | None, resume_step: int | None, next_tokens: list[Any]) -> Any:
+    """Where on the token axis a relaunch resumed: the failed attempt's tokens at the
+    checkpoint's step (the relaunch trains on from there), else the relaunch's first point."""
+    if failed is not None and resume_step is not None and resume_step in failed["steps"]:
+        return failed["tokens"][failed["steps"].index(resume_step)]
+    if next_tokens:
+        return next_tokens[0]
+    return failed["tokens"][-1] if failed and failed["tokens"] else None
 
 
 def scaling_figure(tables: Sequence[tuple[str, Sequence[dict[str, Any]]]], *, min_efficiency: float | None = None,

@@ -16,6 +16,8 @@
           supervisor.json               SUPERVISOR_REPORT: the supervisor's report of the attempt
           drills/<nodes>/               drill_dir(): a bisection drill's run directory
           logs/rank-R.log               rank_log(): rank R's output (local launcher)
+          logs/rank-R.pid               rank_pid_file(): rank R's own process (group) when a warm-start
+                                        server forked it (local launcher; `campaign inject` signals it)
           logs/launcher.log             launcher_log(): the launcher's output (mpiexec, srun, torchrun)
           metrics.jsonl events.jsonl startup.json heartbeats/   the trainer's files (the trainer
                                         contract, `campaign.report`: METRICS_FILE, EVENTS_FILE, ...)
@@ -82,6 +84,18 @@ def drill_dir(run_dir: Path, nodes: list[str]) -> Path:
 def rank_log(run_dir: Path, rank: int) -> Path:
     """Rank `rank`'s output when the supervisor starts each rank itself (local launcher)."""
     return run_dir / LOGS_DIR / f"rank-{rank}.log"
+
+
+RANK_PID_ENV = "CAMPAIGN_RANK_PIDFILE"
+"""Set by the supervisor for each rank of the local launcher: where a warm-start client writes
+the pid of the process the node's server forked for it (its own process group)."""
+
+
+def rank_pid_file(run_dir: Path, rank: int) -> Path:
+    """Rank `rank`'s process when it is not the launched one: a warm-start server's child,
+    in its own process group (the launched client only relays to it, and SIGSTOP cannot be
+    relayed). Local launcher only; absent for a rank started cold."""
+    return run_dir / LOGS_DIR / f"rank-{rank}.pid"
 
 
 def launcher_log(run_dir: Path) -> Path:

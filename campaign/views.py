@@ -324,8 +324,9 @@ def fmt_eta(seconds: float | None) -> str:
 
 
 def running_lines(a: dict[str, Any]) -> list[str]:
-    """A running attempt in two lines: `long-run #2 (relaunch 1): step 88/157 (56%), eta 0:00:04,
-    12,800 tok/s, loss 2.1234` and `  on 2 nodes: local-n0, local-n2; 45.1K tokens; 62 ms/step`."""
+    """A running attempt in two lines of at most 80 columns (for a short name):
+    `long-run #2 (relaunch 1): step 88/157 (56%)  eta 0:00:03  12.8K tok/s` and
+    `  loss 1.8462, 45.1K tokens, 40 ms/step; on 2 nodes: local-n0, local-n2`."""
     name = f"{a['stage']} #{a['number']}" + (f" ({a['label']})" if a.get("label") else "")
     if a.get("step") is None:
         head = f"{name}: starting (no step yet)" + (f", target {a['target']} steps" if a.get("target") else "")
@@ -334,16 +335,17 @@ def running_lines(a: dict[str, Any]) -> list[str]:
         pct = f" ({100 * a['step'] // target}%)" if target else ""
         parts = [f"step {a['step']}/{target if target else '?'}{pct}", fmt_eta(a.get("eta_s"))]
         if a.get("tokens_per_s"):
-            parts.append(f"{a['tokens_per_s']:,.0f} tok/s")
-        parts.append(f"loss {fmt_loss(a.get('loss'))}")
-        head = f"{name}: " + ", ".join(parts)
+            parts.append(f"{fmt_tokens(int(a['tokens_per_s']))} tok/s")
+        head = f"{name}: " + "  ".join(parts)
     nodes = a.get("nodes") or []
     where = (f"on {len(nodes)} node{'s' if len(nodes) != 1 else ''}: {fmt_nodes(nodes, len(nodes), 4).split(': ', 1)[1]}"
              if nodes else "nodes: not launched yet")
-    extra = [f"{fmt_tokens(a['tokens'])} tokens"] if a.get("tokens") is not None else []
+    extra = [f"loss {fmt_loss(a.get('loss'))}"] if a.get("loss") is not None else []
+    if a.get("tokens") is not None:
+        extra.append(f"{fmt_tokens(a['tokens'])} tokens")
     if a.get("step_time_s"):
         extra.append(f"{a['step_time_s'] * 1000:.0f} ms/step")
-    return [head, "  " + "; ".join([where, *extra])]
+    return [head, "  " + ", ".join(extra) + ("; " if extra else "") + where]
 
 
 def _packed(first: str, items: list[str], width: int) -> list[str]:
@@ -383,8 +385,8 @@ def watch_lines(detail: dict[str, Any], width: int = 80) -> tuple[list[str], lis
 
 def watch_view(detail: dict[str, Any], width: int = 80, height: int = 24) -> Any:
     """`campaign status NAME --watch`: one screen of `width` x `height` (a 24x80 terminal
-    holds it): title, stages, each running attempt, then excluded nodes and the newest
-    events while they fit. Long lines end in an ellipsis; whatever does not fit is counted
+    holds it): title, stages, each running attempt, then the newest events and the excluded
+    nodes while they fit. Long lines end in an ellipsis; whatever does not fit is counted
     in the last line, which names the command that shows it all."""
     from rich.console import Group
     from rich.text import Text
@@ -392,11 +394,11 @@ def watch_view(detail: dict[str, Any], width: int = 80, height: int = 24) -> Any
     head, excl, events = watch_lines(detail, width)
     lines = [(line, "bold" if i == 0 else "") for i, line in enumerate(head)]
     room = max(height - 1 - len(lines), 0)  # the last line of a terminal scrolls a redraw: keep it free
-    tail: list[tuple[str, str]] = []
-    if excl:
-        tail += [("excluded nodes:", "bold")] + [("  " + x, "yellow") for x in excl]
+    tail: list[tuple[str, str]] = []  # the newest events first: they say what is happening
     if events:
         tail += [("recent events:", "bold")] + [("  " + x, "") for x in events]
+    if excl:
+        tail += [("excluded nodes:", "bold")] + [("  " + x, "yellow") for x in excl]
     shown = tail if len(tail) <= room else tail[:max(room - 1, 0)]
     lines += shown
     hidden = tail[len(shown):]
