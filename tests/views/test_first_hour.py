@@ -25,7 +25,6 @@ import pytest
 from campaign import commands
 from campaign.errors import CampaignError
 from campaign.ledger import Ledger, open_ledger, reads, writes
-from campaign.views import watch_view
 
 
 def steps(first: int, last: int, per_step: int = 512) -> list[dict[str, Any]]:
@@ -35,6 +34,12 @@ def steps(first: int, last: int, per_step: int = 512) -> list[dict[str, Any]]:
 
 EVENTS = 9
 EXCLUDED = ("local-n1", *(f"local-n{i}" for i in range(3, 15)))
+
+
+def watch_view(*args: Any) -> Any:
+    from campaign.views import watch_view as view
+
+    return view(*args)
 
 
 def render(renderable: Any, width: int = 80) -> str:
@@ -58,16 +63,20 @@ def _running_campaign(led: Ledger, tmp_path: Path, *, pid: int | None = None) ->
         writes.set_stage_state(s, smoke, "passed", verdict="3/3 ranks reported")
         writes.set_stage_state(s, long_run, "failed", verdict="cancelled by the user at step 12")  # an earlier run
         writes.set_stage_state(s, long_run, "running")
+        # Rows as the driver writes them (the columns issue 40 added are set as attributes, so
+        # that the tests can be run against the code before it, to see them fail).
         a1 = writes.create_attempt(s, long_run, nodes=["local-n0", "local-n1"], ranks_per_node=1,
-                                   run_dir=str(tmp_path / "a1"), target_steps=157)
+                                   run_dir=str(tmp_path / "a1"))
+        a1.target_steps = 157
         writes.ingest_steps(s, a1, steps(1, 60))
         writes.finish_attempt(s, a1, state="stalled", exit_code=124, suspects=[], summary={})
-        writes.exclude_node(s, site="local", node="local-n1", reason="stalled: computing step 61", attempt=a1,
-                            campaign=c)
+        drill = writes.exclude_node(s, site="local", node="local-n1", reason="stalled: computing step 61", attempt=a1)
+        drill.campaign_id = c.id
         for node in EXCLUDED[1:]:
             writes.exclude_node(s, site="local", node=node, reason="a failing DIMM (site-wide)")
         a2 = writes.create_attempt(s, long_run, nodes=[], ranks_per_node=1, run_dir=str(tmp_path / "a2"),
-                                   label="relaunch 1", target_steps=157)
+                                   label="relaunch 1")
+        a2.target_steps = 157
         a2.nodes = ["local-n0", "local-n2"]
         writes.ingest_steps(s, a2, [{**r, "time": now - (88 - r["step"]) * 0.04} for r in steps(61, 88)])
         for i in range(EVENTS):
@@ -219,7 +228,7 @@ def test_inject_attempt_next_aims_at_the_relaunch_not_the_attempt_that_failed(li
         with led.session() as s:
             run = reads.get_stage_run(s, "live", "long-run")
             writes.create_attempt(s, run, nodes=["local-n0", "local-n2"], ranks_per_node=1, run_dir=str(new_dir),
-                                  label="relaunch 2", target_steps=157)
+                                  label="relaunch 2")
         drill.join(timeout=20)
         assert done["run_dir"] == str(new_dir) and new_rank.wait(timeout=10) == -9
         assert old_rank.poll() is None  # the earlier attempt's rank was left alone
