@@ -340,7 +340,7 @@ def forget(name: str, yes: bool, missing_ok: bool, db_url: str | None, workdir: 
                 + (f", and the run directory {plan['run_dir']}" if plan["run_dir"] else ""))
         if not yes and not click.confirm(f"forget {what}?", default=False):
             click.echo("nothing removed")
-            sys.exit(1)
+            return
         commands.forget_campaign(ledger, name)
     finally:
         ledger.close()

@@ -312,6 +312,9 @@ def goodput_table(summary: dict[str, Any]) -> Table | None:
 
 STATE_MARK = {"passed": "ok", "failed": "FAILED", "running": "running", "pending": "-", "skipped": "skipped",
               "cancelled": "cancelled"}
+STALE_AFTER_S = 5.0
+"""A running attempt whose newest step is older than this (and 3 step times) shows how long
+it has been silent instead of an ETA (the watchdog decides what that means)."""
 WATCH_EVENTS = 5
 """Events the watch screen shows at most (newest last); the rest are counted."""
 
@@ -326,26 +329,31 @@ def fmt_eta(seconds: float | None) -> str:
 def running_lines(a: dict[str, Any]) -> list[str]:
     """A running attempt in two lines of at most 80 columns (for a short name):
     `long-run #2 (relaunch 1): step 88/157 (56%)  eta 0:00:03  12.8K tok/s` and
-    `  loss 1.8462, 45.1K tokens, 40 ms/step; on 2 nodes: local-n0, local-n2`."""
+    `  loss 1.8750  45.1K tok  40 ms/step  2 nodes: local-n0, local-n2` (3 names, then +N)."""
     name = f"{a['stage']} #{a['number']}" + (f" ({a['label']})" if a.get("label") else "")
     if a.get("step") is None:
         head = f"{name}: starting (no step yet)" + (f", target {a['target']} steps" if a.get("target") else "")
     else:
         target = a.get("target")
         pct = f" ({100 * a['step'] // target}%)" if target else ""
-        parts = [f"step {a['step']}/{target if target else '?'}{pct}", fmt_eta(a.get("eta_s"))]
-        if a.get("tokens_per_s"):
-            parts.append(f"{fmt_tokens(int(a['tokens_per_s']))} tok/s")
+        parts = [f"step {a['step']}/{target if target else '?'}{pct}"]
+        age, per_step = a.get("last_step_age_s"), a.get("step_time_s") or 0.0
+        if age is not None and age > max(STALE_AFTER_S, 3 * per_step):  # the rate and ETA no longer say anything
+            parts.append(f"no new step for {fmt_duration(age)}")
+        else:
+            parts.append(fmt_eta(a.get("eta_s")))
+            if a.get("tokens_per_s"):
+                parts.append(f"{fmt_tokens(int(a['tokens_per_s']))} tok/s")
         head = f"{name}: " + "  ".join(parts)
     nodes = a.get("nodes") or []
-    where = (f"on {len(nodes)} node{'s' if len(nodes) != 1 else ''}: {fmt_nodes(nodes, len(nodes), 4).split(': ', 1)[1]}"
-             if nodes else "nodes: not launched yet")
+    where = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}: {', '.join(nodes[:3])}" \
+        + (f" +{len(nodes) - 3}" if len(nodes) > 3 else "") if nodes else "nodes: not launched yet"
     extra = [f"loss {fmt_loss(a.get('loss'))}"] if a.get("loss") is not None else []
     if a.get("tokens") is not None:
-        extra.append(f"{fmt_tokens(a['tokens'])} tokens")
+        extra.append(f"{fmt_tokens(a['tokens'])} tok")
     if a.get("step_time_s"):
         extra.append(f"{a['step_time_s'] * 1000:.0f} ms/step")
-    return [head, "  " + ", ".join(extra) + ("; " if extra else "") + where]
+    return [head, "  " + "  ".join([*extra, where])]
 
 
 def _packed(first: str, items: list[str], width: int) -> list[str]:
@@ -379,33 +387,45 @@ def watch_lines(detail: dict[str, Any], width: int = 80) -> tuple[list[str], lis
             head.append(f"{last['name']}: {last['verdict']}")
     excl = [f"excluded {e['node']}" + (" (this campaign)" if e.get("campaign_only") else "") + f": {e['reason']}"
             for e in detail.get("exclusions") or []]
-    events = [f"{(e['time'] or '')[11:19]} {e['kind']}: {e['message']}" for e in (detail.get("events") or [])]
+    events = [f"{(e['time'] or '')[11:19]} {e['message']}" for e in (detail.get("events") or [])]
     return head, excl, events[-WATCH_EVENTS:]
 
 
 def watch_view(detail: dict[str, Any], width: int = 80, height: int = 24) -> Any:
     """`campaign status NAME --watch`: one screen of `width` x `height` (a 24x80 terminal
-    holds it): title, stages, each running attempt, then the newest events and the excluded
-    nodes while they fit. Long lines end in an ellipsis; whatever does not fit is counted
-    in the last line, which names the command that shows it all."""
+    holds it): title, stages, each running attempt, then the newest events (each in up to two
+    lines) and the excluded nodes while they fit. A line too long ends in an ellipsis;
+    whatever does not fit is counted in the last line, which names the command that shows it all."""
+    import textwrap
+
     from rich.console import Group
     from rich.text import Text
 
     head, excl, events = watch_lines(detail, width)
     lines = [(line, "bold" if i == 0 else "") for i, line in enumerate(head)]
     room = max(height - 1 - len(lines), 0)  # the last line of a terminal scrolls a redraw: keep it free
-    tail: list[tuple[str, str]] = []  # the newest events first: they say what is happening
+    # (kind, lines) items; the newest events first: they say what is happening.
+    items: list[tuple[str, list[tuple[str, str]]]] = []
     if events:
-        tail += [("recent events:", "bold")] + [("  " + x, "") for x in events]
+        items.append(("title", [("recent events:", "bold")]))
+        for e in events:
+            wrapped = textwrap.wrap(e, width - 2, subsequent_indent=" " * 9, max_lines=2, placeholder=" …")
+            items.append(("event", [("  " + w, "") for w in wrapped]))
     if excl:
-        tail += [("excluded nodes:", "bold")] + [("  " + x, "yellow") for x in excl]
-    shown = tail if len(tail) <= room else tail[:max(room - 1, 0)]
-    lines += shown
-    hidden = tail[len(shown):]
-    if hidden:
-        n_excl = sum(1 for text, style in hidden if style == "yellow")
-        n_ev = sum(1 for text, style in hidden if style == "" and text.startswith("  "))
-        what = ", ".join(x for x in (f"{n_excl} excluded node(s)" if n_excl else "",
-                                     f"{n_ev} event(s)" if n_ev else "") if x) or "more"
+        items.append(("title", [("excluded nodes:", "bold")]))
+        items += [("excluded node", [("  " + x, "yellow")]) for x in excl]
+    budget = room if sum(len(item) for _, item in items) <= room else room - 1  # the summary takes a line
+    shown: list[tuple[str, list[tuple[str, str]]]] = []
+    hidden = {"event": 0, "excluded node": 0}
+    for kind, item in items:
+        if not any(hidden.values()) and sum(len(x) for _, x in shown) + len(item) <= budget:
+            shown.append((kind, item))
+        elif kind != "title":
+            hidden[kind] += 1
+    while shown and shown[-1][0] == "title":  # a heading with nothing under it
+        shown.pop()
+    lines += [line for _, item in shown for line in item]
+    if any(hidden.values()):
+        what = ", ".join(f"{n} {k}(s)" for k, n in hidden.items() if n)
         lines.append((f"... {what} not shown: campaign status {detail['name']}", "dim"))
     return Group(*(Text(text, style=style, no_wrap=True, overflow="ellipsis") for text, style in lines))
