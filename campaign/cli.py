@@ -2,11 +2,15 @@
 
     campaign submit examples/local.yaml        run a campaign (stages in order), recorded in the ledger
     campaign status [NAME] [--json]            what the ledger says (no Parsl, no torch: instant)
-    campaign status NAME --watch               refresh until the campaign stops running
-    campaign plot NAME... --kind progress      loss vs tokens (or scaling, steps) as PNG
+    campaign status NAME --watch               one screen, refreshed until the campaign stops running
+    campaign logs NAME [-f]                    a rank's log (rank 0 of the running attempt by default)
+    campaign plot NAME...                      the long run's loss vs tokens across attempts (--kind: progress,
+                                               scaling, steps, goodput) as PNG
     campaign ledger export|import-reference    steps/attempts/nodes as CSV/JSON; reference curves in
     campaign resume NAME                       continue after the driver died, from the ledger alone
     campaign cancel NAME                       stop a running campaign cleanly
+    campaign inject NAME kill|hang --rank R    a drill: fault one rank of the running (or --attempt next) attempt
+    campaign forget NAME [--yes]               remove a campaign's rows and run directories
     campaign validate FILE                     check a campaign file; print the resolved spec or the errors
     campaign check-trainer FILE                run your trainer briefly; what the trainer contract misses, with fixes
     campaign db upgrade|current                manage the ledger's schema

@@ -496,7 +496,7 @@ def exclusion_line(node: str, reason: str, site: str, campaign: str | None, dril
                    hours: float | None) -> str:
     """What the driver says (and records) when it excludes a node: why, for whom, for how
     long, and the exact command that lifts it."""
-    scope = f" for campaign {campaign} only (after a drill: {drill})" if campaign else f" on site {site}"
+    scope = f" for campaign {campaign} only (a drill)" if campaign else f" on site {site}"
     until = f" for {hours:g} h" if hours else ""
     return f"excluded {node}{scope}{until}: {reason}; lift: campaign nodes include {node} --site {site}"
 

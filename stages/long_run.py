@@ -159,9 +159,11 @@ def run(ctx: StageContext, stage: LongRunStage) -> Verdict:
         rescued = bool(rescue.get("saved")) and newest is not None and newest.get("step") == rescue.get("step")
         cause = relaunch_cause(outcome.exit_class)
         drill = ctx.drill_of(outcome)
-        ctx.event("relaunch", f"relaunch {outcome.number} (attempt {outcome.number + 1}) after {cause} "
-                  f"({outcome.exit_class}, exit {outcome.exit_code}{', ' + outcome.report.stall if outcome.report.stall else ''}"
-                  f"{', a drill' if drill else ''}) " + relaunch_from(newest, outcome.last_step, rescued=rescued),
+        # What a person needs first (which relaunch, why, from where, what was lost), then the detail.
+        ctx.event("relaunch", f"relaunch {outcome.number} (attempt {outcome.number + 1}) after {cause}"
+                  f"{' (a drill)' if drill else ''}: " + relaunch_from(newest, outcome.last_step, rescued=rescued)
+                  + f" [{outcome.exit_class}, exit {outcome.exit_code}"
+                  f"{'; ' + outcome.report.stall if outcome.report.stall else ''}]",
                   attempt_id=outcome.attempt_id,
                   data={"resume_step": announced, "steps_lost": max((outcome.last_step or 0) - (announced or 0), 0)
                         if announced is not None else None, "exit_class": outcome.exit_class, "cause": cause,

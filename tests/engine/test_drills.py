@@ -44,8 +44,7 @@ def test_a_drills_exclusion_binds_its_campaign_only_and_says_how_to_lift_it(tmp_
     inject.join(timeout=10)
     assert drill["signal"] == "SIGSTOP" and drill["run_dir"].endswith("attempt-001")
     said = " ".join(out.getvalue().split())  # the log wraps at 120 columns
-    assert ("excluded local-n1 for campaign drilled only (after a drill: `campaign inject hang` on rank 1) for 24 h"
-            in said) and "lift: campaign nodes include local-n1 --site local" in said, said
+    assert "excluded local-n1 for campaign drilled only (a drill) for 24 h: " in said and "lift: campaign nodes include local-n1 --site local" in said, said
     with first.ledger.session() as s:
         c = reads.get_campaign(s, "drilled")
         [excl] = reads.list_exclusions(s, "local")
@@ -53,8 +52,12 @@ def test_a_drills_exclusion_binds_its_campaign_only_and_says_how_to_lift_it(tmp_
         [(_, a1), (_, a2)] = reads.list_attempts(s, c)
         assert a1.state == "stalled" and a2.label == "relaunch 1" and a2.nodes == ["local-n0", "local-n2"]
         [news] = [e for e in reads.list_news(s, c, limit=50) if e.kind == "relaunch"]
-        assert news.message.startswith("relaunch 1 (attempt 2) after hang (stalled, exit 124")
-        assert news.data["cause"] == "hang" and news.data["drill"] and news.data["excluded"] == ["local-n1"]
+        assert news.message.startswith("relaunch 1 (attempt 2) after hang (a drill): from the rescue checkpoint of step ")
+        assert "; 0 step(s) lost [stalled, exit 124; " in news.message
+        assert news.data["cause"] == "hang" and news.data["excluded"] == ["local-n1"] and news.data["rescued"]
+        assert news.data["drill"] == "`campaign inject hang` on rank 1"
+        [excluded] = [e for e in reads.list_news(s, c, limit=50) if e.kind == "node_excluded"]
+        assert excluded.data["evidence"]["drill"] == "`campaign inject hang` on rank 1"
     first.ledger.close()
     # The next campaign on the site: its smoke test gets all three nodes.
     second = Engine(_spec("after", [{"kind": "smoke", "steps": 2, "timeout_s": 120}]), open_ledger(url),

@@ -74,8 +74,8 @@ def build_demo(led: Ledger) -> None:
                             evidence={"attempt": a1.id})
         writes.add_event(s, c, "node_excluded", "excluded local-n1 on site local: no heartbeat for 30 s",
                          stage_run=long_run, attempt=a1, data={"node": "local-n1"})
-        writes.add_event(s, c, "relaunch", "relaunch 1 (attempt 2) after hang (stalled, exit 124) from the checkpoint "
-                         "of step 40; 20 step(s) lost", stage_run=long_run, attempt=a1,
+        writes.add_event(s, c, "relaunch", "relaunch 1 (attempt 2) after hang: from the checkpoint of step 40; "
+                         "20 step(s) lost [stalled, exit 124]", stage_run=long_run, attempt=a1,
                          data={"relaunch": 1, "attempt": 2, "cause": "hang", "exit_class": "stalled", "resume_step": 40,
                                "steps_lost": 20, "rescued": False, "last_step": 60, "excluded": ["local-n1"]})
         a2 = writes.create_attempt(s, long_run, nodes=["local-n0", "local-n2"], ranks_per_node=1, run_dir="/w/long/a2",
