@@ -682,6 +682,7 @@ def follow_log(ledger: Ledger, name: str, write: Callable[[str], None], *, stage
     its attempt ends, and (no `attempt` given) on to the campaign's next attempt while the
     campaign runs, each announced with a `==> stage #N rank R: PATH <==` line."""
     from campaign.ledger import reads
+    from campaign.ledger.models import Attempt
 
     target = log_target(ledger, name, stage=stage, attempt=attempt, rank=rank)
     while True:
@@ -696,32 +697,26 @@ def follow_log(ledger: Ledger, name: str, write: Callable[[str], None], *, stage
             return target
         while True:  # until the attempt is over and its log read to the end
             with ledger.session() as s:
-                a = s.get(_attempt_model(), target["attempt_id"])
-                done = a is None or a.state != "running"
+                a = s.get(Attempt, target["attempt_id"])
+                done, state = a is None or a.state != "running", a.state if a is not None else "gone"
             offset = _copy_from(path, offset, write)
             if done:
                 break
             sleep(poll_s)
-        write(f"==> attempt {target['number']} of {target['stage']} ended: {a.state if a else 'gone'} <==\n")
+        write(f"==> attempt {target['number']} of {target['stage']} ended: {state} <==\n")
         if attempt is not None:
             return target
-        nxt = None
-        while nxt is None:  # the next attempt of the campaign (of `stage`), while the campaign runs
+        while True:  # the next attempt of the campaign (of `stage`), while the campaign runs
+            if live_driver(ledger, name) is None:
+                return target
             with ledger.session() as s:
                 c = reads.get_campaign(s, name)
-                if c is None or c.state != "running" or live_driver(ledger, name) is None:
-                    return target
-                nxt = next((a for r, a in reads.list_attempts(s, c) if a.id > target["attempt_id"]
-                            and (stage is None or r.name == stage)), None)
-            if nxt is None:
-                sleep(poll_s)
+                nxt = c is not None and any(a.id > target["attempt_id"] and (stage is None or r.name == stage)
+                                            for r, a in reads.list_attempts(s, c))
+            if nxt:
+                break
+            sleep(poll_s)
         target = log_target(ledger, name, stage=stage, rank=rank)
-
-
-def _attempt_model() -> Any:
-    from campaign.ledger.models import Attempt
-
-    return Attempt
 
 
 def _copy_from(path: Path, offset: int, write: Callable[[str], None]) -> int:
