@@ -100,13 +100,9 @@ def _complete_stages(ctx: click.Context, incomplete: str) -> list[Any]:
     name = ctx.params.get("name") or next(iter(ctx.params.get("names") or ()), None) or next(iter(ctx.args), None)
     if not name:
         return []
-    return [CompletionItem(n) for n in completion_names_of(ctx, name) if n.startswith(incomplete)]
-
-
-def completion_names_of(ctx: click.Context, name: str) -> list[str]:
     from campaign.commands import completion_names
 
-    return completion_names(*_completion_ledger(ctx), campaign=name)
+    return [CompletionItem(n) for n in completion_names(*_completion_ledger(ctx), campaign=name) if n.startswith(incomplete)]
 
 
 CAMPAIGN_NAME = click.argument("name", shell_complete=lambda ctx, param, incomplete: _complete_campaigns(ctx, incomplete))
@@ -333,12 +329,9 @@ def forget(name: str, yes: bool, missing_ok: bool, db_url: str | None, workdir: 
             return
         raise
     try:
-        try:
-            plan = commands.forget_plan(ledger, name)
-        except CampaignError as e:
-            if missing_ok and str(e).startswith(f"no campaign named {name!r}"):
-                return
-            raise
+        if missing_ok and not commands.campaign_exists(ledger, name):
+            return
+        plan = commands.forget_plan(ledger, name)
         what = (f"campaign {name}: {plan['attempts']} attempt(s), {plan['steps']:,} step(s)"
                 + (f", {plan['exclusions']} exclusion(s) of its own" if plan["exclusions"] else "")
                 + (f", and the run directory {plan['run_dir']}" if plan["run_dir"] else ""))

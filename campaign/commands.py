@@ -734,6 +734,13 @@ def _copy_from(path: Path, offset: int, write: Callable[[str], None]) -> int:
 
 # --- forget ----------------------------------------------------------------------------
 
+def campaign_exists(ledger: Ledger, name: str) -> bool:
+    from campaign.ledger import reads
+
+    with ledger.session() as s:
+        return reads.get_campaign(s, name) is not None
+
+
 def forget_plan(ledger: Ledger, name: str) -> dict[str, Any]:
     """What `campaign forget NAME` would remove: {"name", "attempts", "steps", "run_dir"
     (None when it is not a directory of that name), "exclusions" (its own: a drill's)}.
