@@ -373,3 +373,26 @@ def test_tab_completion_offers_campaign_and_stage_names(live: Any) -> None:
     assert complete(["logs", "live", "--db", url, "--stage"], "lo") == ["long-run"]
     assert complete(["inject", "--db", url, "live", "kill", "--stage"], "") == ["smoke", "long-run"]
     assert complete(["status", "--db", "sqlite:////nonexistent/x.db"], "") == []  # no ledger: nothing, no error
+
+
+def test_a_running_attempt_has_its_nodes_once_it_reports(tmp_path: Path) -> None:
+    """Before: a running attempt showed `nodes 0` (its nodes were recorded only at its end).
+    The driver's ingestion takes them from the attempt's hostfile with its first rows."""
+    from campaign.stagecontext import StageContext
+
+    led = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    try:
+        run_dir = tmp_path / "attempt-001"
+        run_dir.mkdir()
+        (run_dir / "hostfile").write_text("local-n0\nlocal-n2\n")
+        with led.session() as s:
+            c = writes.create_campaign(s, name="n", digest="0" * 64, spec_json={}, source="", site="local",
+                                       workdir=str(tmp_path))
+            [run] = writes.ensure_stage_runs(s, c, [("long-run", "long_run")])
+            a = writes.create_attempt(s, run, nodes=[], ranks_per_node=1, run_dir=str(run_dir))
+            StageContext._write_rows(s, a.id, steps(1, 3), None, None, run_dir)
+        d = commands.status_data(led, "n")
+        assert [(x["number"], x["nodes"], x["node_count"]) for x in d["running"]] == [(1, ["local-n0", "local-n2"], 2)]
+        assert d["attempts_detail"][0]["node_count"] == 2
+    finally:
+        led.close()
