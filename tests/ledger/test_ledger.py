@@ -573,7 +573,7 @@ def test_nodes_commands(tmp_path: Path, run_cli) -> None:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     code, out, err = run_cli("nodes", "exclude", "n3", "--site", "local", "--reason", "ECC errors", "--hours", "2",
                              "--db", url)
-    assert (code, out) == (0, "excluded n3 on local for 2 h\n")
+    assert (code, out) == (0, "excluded n3 on local for 2 h; lift: campaign nodes include n3 --site local\n")
     code, out, err = run_cli("nodes", "list", "--db", url)
     assert code == 0 and "n3" in out and "ECC errors" in out
     code, out, err = run_cli("nodes", "include", "n3", "--site", "local", "--db", url)
