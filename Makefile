@@ -1,5 +1,6 @@
 # Two commands do everything on a fresh machine:
-#   make demo   set up .venv, then run the whole local campaign (examples/local.yaml) and show its status
+#   make demo   set up .venv, then run the whole local campaign (examples/local.yaml) afresh, with a
+#               fault drilled into its long run (NO_DRILL=1: without), and show its status
 #   make test   set up .venv and the system packages the tests use, then run the test suite
 #   make wheel-check   the built wheel, installed without extras, runs the local campaign
 #   make bench-smoke   every benchmark at its smallest setting: each prints its target, exit 1 on a miss
@@ -18,9 +19,27 @@ PYTEST := $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 .PHONY: demo test test-fast wheel-check bench-smoke setup system-deps clean
 
+# The demo starts over each time (`campaign forget`). Mid long run it drills a fault, as
+# `campaign inject` lets anyone do: rank 1 hangs (SIGSTOP) after step 60 of the long run; the
+# watchdog names local-n1, a surviving rank saves the last step (rescue), local-n1 is excluded
+# for this campaign only, and the long run relaunches on the spare local-n2 and resumes
+# exactly. `make demo NO_DRILL=1` runs the campaign without it. The campaign's chart:
+# `campaign plot local-demo` (plots/local-demo-run.png).
+NO_DRILL ?=
+CAMPAIGN := $(VENV)/bin/campaign
+
 demo: $(VENV)/.installed
-	$(VENV)/bin/campaign submit examples/local.yaml
-	$(VENV)/bin/campaign status local-demo
+	$(CAMPAIGN) forget local-demo --yes --missing-ok
+	@if [ -z "$(NO_DRILL)" ]; then \
+	  $(CAMPAIGN) inject local-demo hang --rank 1 --stage long-run --after-step 60 --attempt next --wait 300 & \
+	  drill=$$!; \
+	  $(CAMPAIGN) submit examples/local.yaml; code=$$?; \
+	  kill $$drill 2>/dev/null; wait $$drill 2>/dev/null; \
+	  [ $$code -eq 0 ] || exit $$code; \
+	else \
+	  $(CAMPAIGN) submit examples/local.yaml; \
+	fi
+	$(CAMPAIGN) status local-demo
 
 test: $(VENV)/.installed system-deps
 	$(PYTEST) $(PYTEST_ARGS)

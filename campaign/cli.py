@@ -2,12 +2,16 @@
 
     campaign submit examples/local.yaml        run a campaign (stages in order), recorded in the ledger
     campaign status [NAME] [--json]            what the ledger says (no Parsl, no torch: instant)
-    campaign status NAME --watch               refresh until the campaign stops running
-    campaign plot NAME... --kind progress      loss vs tokens (or scaling, steps) as PNG
-    campaign report NAME --html OUT.html       one self-contained page (plots inline) to mail or publish
+    campaign status NAME --watch               one screen, refreshed until the campaign stops running
+    campaign logs NAME [-f]                    a rank's log (rank 0 of the running attempt by default)
+    campaign plot NAME...                      the long run's loss vs tokens across attempts (--kind: progress,
+                                               scaling, steps, goodput) as PNG
     campaign ledger export|import-reference    steps/attempts/nodes as CSV/JSON; reference curves in
     campaign resume NAME                       continue after the driver died, from the ledger alone
     campaign cancel NAME                       stop a running campaign cleanly
+    campaign inject NAME kill|hang --rank R    a drill: fault one rank of the running (or --attempt next) attempt
+    campaign forget NAME [--yes]               remove a campaign's rows and run directories
+    campaign report NAME --html OUT.html       one self-contained page (plots inline) to mail or publish
     campaign validate FILE [--preflight]       check a campaign file; print the resolved spec or the errors
     campaign check-trainer FILE                run your trainer briefly; what the trainer contract misses, with fixes
     campaign db upgrade|current                manage the ledger's schema
@@ -70,6 +74,43 @@ def _errors(f: F) -> F:
             sys.exit(e.exit_code)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _completion_ledger(ctx: click.Context) -> tuple[str | None, Path]:
+    """The ledger a command line being completed names (--db, --workdir, their variables)."""
+    import os
+
+    root = ctx.find_root()
+    params = {**root.params, **ctx.params}
+    db = params.get("db_url") or os.environ.get("CAMPAIGN_DB_URL")
+    return db, Path(params.get("workdir") or os.environ.get("CAMPAIGN_WORKDIR") or "campaigns")
+
+
+def _complete_campaigns(ctx: click.Context, incomplete: str) -> list[Any]:
+    """Shell completion of a campaign NAME from the ledger (docs/observability.md, "Tab completion")."""
+    from click.shell_completion import CompletionItem
+
+    from campaign.commands import completion_names
+
+    return [CompletionItem(n) for n in completion_names(*_completion_ledger(ctx)) if n.startswith(incomplete)]
+
+
+def _complete_stages(ctx: click.Context, incomplete: str) -> list[Any]:
+    """Shell completion of --stage: the stages of the campaign already on the command line."""
+    from click.shell_completion import CompletionItem
+
+    # While an option's value is completed, click leaves the arguments before it unparsed in ctx.args.
+    name = ctx.params.get("name") or next(iter(ctx.params.get("names") or ()), None) or next(iter(ctx.args), None)
+    if not name:
+        return []
+    from campaign.commands import completion_names
+
+    return [CompletionItem(n) for n in completion_names(*_completion_ledger(ctx), campaign=name) if n.startswith(incomplete)]
+
+
+CAMPAIGN_NAME = click.argument("name", shell_complete=lambda ctx, param, incomplete: _complete_campaigns(ctx, incomplete))
+"""A NAME argument that tab-completes from the ledger."""
+STAGE_COMPLETE = {"shell_complete": lambda ctx, param, incomplete: _complete_stages(ctx, incomplete)}
 
 
 def _open(db_url: str | None, workdir: Path, *, create: bool = True) -> Any:
@@ -206,7 +247,7 @@ def _print_started(info: dict[str, Any], endpoint: str, workdir: Path) -> None:
 
 
 @main.command()
-@click.argument("name")
+@CAMPAIGN_NAME
 @_db_options
 @click.option("--quiet", "-q", is_flag=True, help="Print only errors and the final summary.")
 @click.option("--tensorboard", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
@@ -245,7 +286,7 @@ def resume(name: str, db_url: str | None, workdir: Path, quiet: bool, tensorboar
 
 
 @main.command()
-@click.argument("name")
+@CAMPAIGN_NAME
 @_db_options
 @click.option("--wait", "wait_s", type=float, default=60.0, show_default=True,
               help="Seconds to wait for the driver to stop its launch and record `cancelled`.")
@@ -270,45 +311,114 @@ def cancel(name: str, db_url: str | None, workdir: Path, wait_s: float, endpoint
 
 
 @main.command()
-@click.argument("name")
-@click.argument("fault", type=click.Choice(["kill", "hang"]))
-@click.option("--rank", type=int, default=0, show_default=True, help="The rank whose process group gets the fault.")
-@click.option("--after-step", type=int, default=0, show_default=True,
-              help="Wait until the running attempt has reported this step (0: at once).")
-@click.option("--wait", "wait_s", type=float, default=600.0, show_default=True,
-              help="Seconds to wait for a running attempt and that step.")
+@CAMPAIGN_NAME
+@click.option("--stage", help="A stage's attempts (default: the running attempt, else the newest).", **STAGE_COMPLETE)
+@click.option("--attempt", "number", type=click.IntRange(min=1), help="Attempt N of the stage.")
+@click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True, help="Whose log.")
+@click.option("--follow", "-f", is_flag=True,
+              help="Go on as the log grows, and on to the next attempt (without --attempt) while the campaign runs.")
 @_db_options
 @_errors
-def inject(name: str, fault: str, rank: int, after_step: int, wait_s: float, db_url: str | None, workdir: Path) -> None:
-    """A drill on any trainer, yours or one you did not write: `kill` sends SIGKILL, `hang`
-    SIGSTOP (it neither prints nor exits) to one rank of the running attempt of campaign NAME
-    (local launcher, this host), once it has reported --after-step. The watchdog and the
-    stage then do what they would after a real fault; docs/trainer-contract.md, "Drills"."""
-    import time
-
+def logs(name: str, stage: str | None, number: int | None, rank: int, follow: bool, db_url: str | None,
+         workdir: Path) -> None:
+    """Print (or follow, -f) a rank's log of campaign NAME: rank 0 of the running attempt by
+    default, else of the newest; behind mpiexec, srun or torchrun, the launcher's log."""
     from campaign import commands
 
-    end = time.monotonic() + wait_s
-    while True:  # the campaign may have just been submitted: its ledger comes with its first stage
-        try:
-            ledger = _open(db_url, workdir, create=False)
-            break
-        except CampaignError:
-            if time.monotonic() > end:
-                raise
-            time.sleep(0.5)
+    ledger = _open(db_url, workdir, create=False)
     try:
-        commands.inject_fault(ledger, name, fault, rank, after_step=after_step, wait_s=max(end - time.monotonic(), 1),
-                              notify=click.echo)
+        commands.follow_log(ledger, name, lambda text: (sys.stdout.write(text), sys.stdout.flush()), stage=stage,
+                            attempt=number, rank=rank, follow=follow)
+    except KeyboardInterrupt:
+        pass
     finally:
         ledger.close()
 
 
 @main.command()
-@click.argument("name", required=False)
+@CAMPAIGN_NAME
+@click.option("--yes", "-y", is_flag=True, help="Do not ask.")
+@click.option("--missing-ok", is_flag=True, help="A campaign the ledger does not hold is not an error (make demo).")
+@_db_options
+@_errors
+def forget(name: str, yes: bool, missing_ok: bool, db_url: str | None, workdir: Path) -> None:
+    """Remove campaign NAME from the ledger (its stages, attempts, steps, events and its own
+    exclusions) and its run directories. Refused while its driver runs. Exclusions of the
+    whole site stay (`campaign nodes list`)."""
+    from campaign import commands, names
+    from campaign.errors import NoLedger
+
+    names.check(name, "NAME")
+    try:
+        ledger = _open(db_url, workdir, create=False)
+    except NoLedger:
+        if missing_ok:
+            return
+        raise
+    try:
+        if missing_ok and not commands.campaign_exists(ledger, name):
+            return
+        plan = commands.forget_plan(ledger, name)
+        what = (f"campaign {name}: {plan['attempts']} attempt(s), {plan['steps']:,} step(s)"
+                + (f", {plan['exclusions']} exclusion(s) of its own" if plan["exclusions"] else "")
+                + (f", and the run directory {plan['run_dir']}" if plan["run_dir"] else ""))
+        if not yes and not click.confirm(f"forget {what}?", default=False):
+            click.echo("nothing removed")
+            return
+        commands.forget_campaign(ledger, name)
+    finally:
+        ledger.close()
+    click.echo(f"forgot {what}")
+
+
+@main.command()
+@CAMPAIGN_NAME
+@click.argument("fault", type=click.Choice(["kill", "hang"]))
+@click.option("--rank", type=int, default=0, show_default=True, help="The rank whose process group gets the fault.")
+@click.option("--after-step", type=int, default=0, show_default=True,
+              help="Wait until the attempt has reported this step (0: at once).")
+@click.option("--attempt", "which", type=click.Choice(["current", "next"]), default="current", show_default=True,
+              help="current: the attempt running now (refused at once if the campaign is not running); next: the "
+                   "first attempt that starts after this command (it waits for the campaign to start).")
+@click.option("--stage", help="Only an attempt of this stage.", **STAGE_COMPLETE)
+@click.option("--wait", "wait_s", type=float, default=600.0, show_default=True,
+              help="Seconds to wait for that attempt and that step.")
+@_db_options
+@_errors
+def inject(name: str, fault: str, rank: int, after_step: int, which: str, stage: str | None, wait_s: float,
+           db_url: str | None, workdir: Path) -> None:
+    """A drill on any trainer, yours or one you did not write: `kill` sends SIGKILL, `hang`
+    SIGSTOP (it neither prints nor exits) to one rank of an attempt of campaign NAME (local
+    launcher, this host), once it has reported --after-step. The watchdog and the stage then
+    do what they would after a real fault, except that a node excluded for it is excluded for
+    this campaign only; docs/trainer-contract.md, "Drills"."""
+    import time
+
+    from campaign import commands
+
+    end = time.monotonic() + wait_s
+    while True:  # `--attempt next` may come before the campaign's ledger: it comes with its first stage
+        try:
+            ledger = _open(db_url, workdir, create=False)
+            break
+        except CampaignError:
+            if which == "current" or time.monotonic() > end:
+                raise
+            time.sleep(0.5)
+    try:
+        commands.inject_fault(ledger, name, fault, rank, after_step=after_step, wait_s=max(end - time.monotonic(), 1),
+                              attempt=which, stage=stage, notify=click.echo)
+    finally:
+        ledger.close()
+
+
+@main.command()
+@click.argument("name", required=False,
+                shell_complete=lambda ctx, param, incomplete: _complete_campaigns(ctx, incomplete))
 @_db_options
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (a fixed shape scripts can rely on).")
-@click.option("--watch", is_flag=True, help="Refresh until the campaign is no longer running (Ctrl-C stops).")
+@click.option("--watch", is_flag=True, help="Refresh until the campaign is no longer running (Ctrl-C stops): with NAME, "
+              "one screen (running attempts' step/target, ETA, tokens/s, loss, nodes; exclusions; newest events).")
 @click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True, metavar="S",
               help="Seconds between refreshes with --watch.")
 @click.option("--count", type=click.IntRange(min=1), metavar="N", help="With --watch: stop after N refreshes.")
@@ -317,7 +427,9 @@ def inject(name: str, fault: str, rank: int, after_step: int, wait_s: float, db_
 def status(name: str | None, db_url: str | None, workdir: Path, as_json: bool, watch: bool, interval: float,
            count: int | None, endpoint: str | None) -> None:
     """Show the campaigns in the ledger, or one campaign in detail: stages with verdicts
-    and numbers, attempts with exit classes and nodes, excluded nodes, the scaling table.
+    and numbers, running attempts (step/target, ETA, tokens/s, loss, nodes), attempts with
+    exit classes and nodes, excluded nodes, the scaling table. A campaign whose driver died
+    reads `driver gone (pid P on HOST): run `campaign resume NAME`` (state "driver_gone").
 
     With --json and a NAME, prints {"name", "state", "stages": [{"name", "kind", "state",
     "attempts", "tokens", "last_loss", "verdict"}], "excluded_nodes"} plus the detail keys
@@ -343,19 +455,25 @@ def status(name: str | None, db_url: str | None, workdir: Path, as_json: bool, w
 def _show_status(fetch: Callable[[], Any], name: str | None, as_json: bool, watch: bool, interval: float,
                  count: int | None) -> None:
     """Print `fetch()` as JSON or as the status views; with `watch`, again until it stops running."""
-    from campaign.views import campaign_detail, campaigns_table, console
+    from campaign.views import campaign_detail, campaigns_table, console, watch_view
+
+    out = console()
 
     def render(data: Any) -> Any:
         if as_json:
             from rich.text import Text
 
             return Text(json.dumps(data, indent=2))
-        return campaigns_table(data) if name is None else campaign_detail(data)
+        if name is None:
+            return campaigns_table(data)
+        if watch:  # one screen, redrawn: what fits the terminal, the rest counted in its last line
+            return watch_view(data, out.size.width, out.size.height)
+        return campaign_detail(data)
 
     if watch:
         from campaign.watch import watch as watch_loop
 
-        watch_loop(fetch, render, console(), interval=interval, count=count)
+        watch_loop(fetch, render, out, interval=interval, count=count)
     elif as_json:
         click.echo(json.dumps(fetch(), indent=2))
     else:
@@ -463,7 +581,7 @@ def nodes() -> None:
 @click.option("--all", "show_all", is_flag=True, help="Include lifted and expired exclusions.")
 @_errors
 def nodes_list(db_url: str | None, workdir: Path, site: str | None, show_all: bool) -> None:
-    """List excluded nodes with reason and expiry."""
+    """List excluded nodes with reason, scope (the site, or one campaign after a drill) and expiry."""
     from campaign import commands
     from campaign.views import console, exclusions_list
 
@@ -475,37 +593,46 @@ def nodes_list(db_url: str | None, workdir: Path, site: str | None, show_all: bo
     console().print(exclusions_list(rows))
 
 
+SITE_HELP = "Site the node belongs to (e.g. local, aurora); default: the ledger's one site."
+
+
 @nodes.command("exclude")
 @click.argument("node")
-@click.option("--site", required=True, help="Site the node belongs to (e.g. local, aurora).")
-@click.option("--reason", required=True, help="Why (kept in the ledger).")
+@click.option("--site", help=SITE_HELP)
+@click.option("--reason", help="Why (kept in the ledger). Default: 'excluded by USER'.")
 @click.option("--hours", type=click.FloatRange(min=0, min_open=True), help="Expire after this many hours (default: never).")
 @_db_options
 @_errors
-def nodes_exclude(node: str, site: str, reason: str, hours: float | None, db_url: str | None, workdir: Path) -> None:
+def nodes_exclude(node: str, site: str | None, reason: str | None, hours: float | None, db_url: str | None,
+                  workdir: Path) -> None:
     """Exclude NODE on a site from every later attempt, stage and campaign."""
     from campaign import commands
 
-    commands.check_exclusion(node, site)  # before the ledger is opened (or made)
-    ledger = _open(db_url, workdir)
+    if site is not None:
+        commands.check_exclusion(node, site)  # before the ledger is opened (or made)
+    ledger = _open(db_url, workdir, create=site is not None)
     try:
-        commands.exclude_node(ledger, node, site, reason, hours)
+        site = site or commands.default_site(ledger)
+        commands.check_exclusion(node, site)
+        commands.exclude_node(ledger, node, site, reason or commands.default_reason(), hours)
     finally:
         ledger.close()
-    click.echo(f"excluded {node} on {site}" + (f" for {hours:g} h" if hours else ""))
+    click.echo(f"excluded {node} on {site}" + (f" for {hours:g} h" if hours else "")
+               + f"; lift: campaign nodes include {node} --site {site}")
 
 
 @nodes.command("include")
 @click.argument("node")
-@click.option("--site", required=True, help="Site the node belongs to.")
+@click.option("--site", help=SITE_HELP)
 @_db_options
 @_errors
-def nodes_include(node: str, site: str, db_url: str | None, workdir: Path) -> None:
-    """Lift the exclusions of NODE on a site."""
+def nodes_include(node: str, site: str | None, db_url: str | None, workdir: Path) -> None:
+    """Lift the exclusions of NODE on a site (site-wide ones and every campaign's)."""
     from campaign import commands
 
     ledger = _open(db_url, workdir, create=False)
     try:
+        site = site or commands.default_site(ledger)
         n = commands.include_node(ledger, node, site)
     finally:
         ledger.close()
@@ -564,24 +691,29 @@ def data_prepare(texts: tuple[Path, ...], out_path: Path, tokenizer_file: Path |
 
 
 @main.command()
-@click.argument("names", nargs=-1, required=True, metavar="NAME...")
+@click.argument("names", nargs=-1, required=True, metavar="NAME...",
+                shell_complete=lambda ctx, param, incomplete: _complete_campaigns(ctx, incomplete))
 @_db_options
-@click.option("--kind", type=click.Choice(PLOT_KINDS), default="progress", show_default=True,
-              help="progress: loss vs tokens; scaling: tokens/s, efficiency, collective share vs nodes; "
-                   "steps: step time and loss vs step; goodput: where each stage's wall time went.")
+@click.option("--kind", type=click.Choice(PLOT_KINDS), default="run", show_default=True,
+              help="run: loss vs cumulative tokens of the long run (or --stage) across its attempts, each relaunch "
+                   "marked with its cause and steps lost; progress: loss vs tokens of every stage and run; scaling: "
+                   "tokens/s, efficiency, collective share vs nodes; steps: step time and loss vs step; goodput: "
+                   "where each stage's wall time went.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("plots"),
               show_default=True, help="Directory for the PNG files.")
 @click.option("--log-x", is_flag=True, help="Logarithmic token axis (progress).")
 @click.option("--reference", "reference_file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="A reference curve file (step|tokens,loss; optional run,stage,nodes columns) drawn in black.")
-@click.option("--stage", help="Only this stage (steps: default the stage with the most steps).")
+@click.option("--stage", help="The stage to draw (run, steps: default the long run, else the stage with the most "
+              "steps).", **STAGE_COMPLETE)
 @click.option("--max-points", type=click.IntRange(min=10), default=4000, show_default=True,
               help="Points per campaign, sampled in the database.")
 @_endpoint_option
 @_errors
 def plot(names: tuple[str, ...], db_url: str | None, workdir: Path, kind: str, out_dir: Path, log_x: bool,
          reference_file: Path | None, stage: str | None, max_points: int, endpoint: str | None) -> None:
-    """Draw campaigns from the ledger as a PNG in --out: progress, scaling or steps.
+    """Draw campaigns from the ledger as a PNG in --out: by default the campaign's chart (its
+    long run's loss against tokens across attempts, each relaunch marked and labelled).
 
     Several NAMEs (shell wildcards allowed) go on one figure, e.g. a live campaign beside
     runs imported with `campaign ledger import-reference`."""
@@ -651,7 +783,7 @@ def ledger() -> None:
 
 
 @ledger.command("export")
-@click.argument("name")
+@CAMPAIGN_NAME
 @_db_options
 @click.option("--format", "fmt", type=click.Choice(["csv", "json", "tensorboard"]), default="csv", show_default=True,
               help="tensorboard: event files in the folder --out, as `submit --tensorboard` writes them live.")

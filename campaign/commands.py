@@ -26,7 +26,9 @@ from campaign.errors import CampaignError
 if TYPE_CHECKING:
     from campaign.ledger import Ledger
 
-PLOT_KINDS = ("progress", "scaling", "steps", "goodput")
+PLOT_KINDS = ("run", "progress", "scaling", "steps", "goodput")
+"""`campaign plot --kind`: run (the default) is the campaign's chart: loss against cumulative
+tokens of its long run (or --stage) across attempts, each relaunch marked with its cause."""
 EXPORT_KINDS = ("steps", "attempts", "nodes")
 PAGE_ROWS = 20_000
 """Rows in one page of `ledger export --what steps` (a page is one ledger session)."""
@@ -107,8 +109,22 @@ def status_data(ledger: Ledger, name: str | None) -> Any:
 
     with ledger.session() as s:
         if name is None:
-            return [reads.summarize_campaign_row(s, c) for c in reads.list_campaigns(s)]
-        return summary.describe_campaign(s, reads.require_campaign(s, name, ledger.display_url))
+            return [_truthful(reads.summarize_campaign_row(s, c), summary.driver_info(s, c))
+                    for c in reads.list_campaigns(s)]
+        detail = summary.describe_campaign(s, reads.require_campaign(s, name, ledger.display_url))
+        return _truthful(detail, detail["driver"])
+
+
+DRIVER_GONE = "driver_gone"
+"""The state status shows for a campaign the ledger says is running whose driver is gone."""
+
+
+def _truthful(row: dict[str, Any], driver: dict[str, Any]) -> dict[str, Any]:
+    """A campaign whose driver is gone is not `running`: its state reads DRIVER_GONE (and
+    `driver` says which process it was), so a watch ends and a script sees it."""
+    if row["state"] == "running" and driver["state"] == "gone":
+        row = {**row, "state": DRIVER_GONE, "driver": driver}
+    return row
 
 
 def live_driver(ledger: Ledger, name: str) -> dict[str, Any] | None:
@@ -182,6 +198,9 @@ def plot_data(ledger: Ledger, names: Sequence[str], kind: str = "progress", stag
                              for c in found for r in reads.current_stage_runs(s, c)
                              if r.kind == "scaling" and (r.numbers or {}).get("table")]
             return out
+        if kind == "run":
+            out["runs"] = [run_series(s, c, stage, max_points) for c in found]
+            return out
         columns = ("loss", "step_time_s") if kind == "steps" else ("loss",)
         out["series"] = [reads.sample_campaign_steps(s, c, max_points=max_points, columns=columns,
                                                      stage=stage or (reads.busiest_stage(s, c) if kind == "steps" else None))
@@ -221,6 +240,36 @@ def report_data(ledger: Ledger, name: str, *, max_points: int = 2000, events: in
         }
 
 
+def run_series(s: Any, c: Any, stage: str | None, max_points: int) -> dict[str, Any]:
+    """One campaign's chart data: the stage (`stage`, else its first long run, else the stage
+    with the most steps), its attempts' series (cumulative tokens), and each relaunch: the
+    attempt it followed, its cause, steps lost, whether a rescue saved the last step and the
+    nodes excluded for it (from the `relaunch` and `node_excluded` events)."""
+    from campaign.ledger import reads
+
+    runs = reads.current_stage_runs(s, c)
+    run = next((r for r in runs if r.name == stage), None) if stage else \
+        next((r for r in runs if r.kind == "long_run"), None)
+    if stage and run is None:
+        raise CampaignError(f"--stage {stage}: campaign {c.name!r} has the stages {', '.join(r.name for r in runs)}")
+    name = run.name if run is not None else reads.busiest_stage(s, c)
+    series = reads.sample_campaign_steps(s, c, stage=name, max_points=max_points) if name else []
+    relaunches = []
+    excluded: dict[int, list[str]] = {}
+    if name:
+        run = next(r for r in runs if r.name == name)
+        for e in reads.list_stage_events(s, run, ("node_excluded", "relaunch")):
+            if e.kind == "node_excluded" and e.attempt_id is not None:
+                excluded.setdefault(e.attempt_id, []).append(str((e.data or {}).get("node") or "?"))
+            elif e.kind == "relaunch":
+                relaunches.append({**(e.data or {}), "attempt_id": e.attempt_id, "message": e.message})
+        numbers = {a.id: a.number for _, a in reads.list_attempts(s, c)}
+        for r in relaunches:
+            r["after"] = numbers.get(r["attempt_id"])
+            r["excluded"] = r.get("excluded") or excluded.get(r["attempt_id"], [])
+    return {"campaign": c.name, "stage": name, "series": series, "relaunches": relaunches}
+
+
 def check_plot_names(patterns: Sequence[str]) -> None:
     """NAME arguments of `plot`: campaign names, wildcards allowed, never a path."""
     from campaign import names
@@ -246,7 +295,9 @@ def draw_plot(data: dict[str, Any], kind: str, out_dir: Path, *, reference_file:
     from campaign import export, plots
 
     found = data["names"]
-    if kind == "goodput":
+    if kind == "run":
+        fig = plots.run_figure(data["runs"], log_x=log_x)
+    elif kind == "goodput":
         fig = plots.goodput_figure(data["summaries"])
     elif kind == "scaling":
         if not data["tables"]:
@@ -477,8 +528,10 @@ def list_exclusions(ledger: Ledger, site: str | None = None, *, show_all: bool =
     from campaign.ledger import reads
 
     with ledger.session() as s:
+        scope = {c.id: c.name for c in reads.list_campaigns(s)}
         return [{"site": e.site, "node": e.node, "reason": e.reason, "since": e.created, "expires": e.expires,
-                 "lifted": e.lifted} for e in reads.list_exclusions(s, site, active=not show_all)]
+                 "lifted": e.lifted, "campaign": scope.get(e.campaign_id) if e.campaign_id else None}
+                for e in reads.list_exclusions(s, site, active=not show_all)]
 
 
 def exclude_node(ledger: Ledger, node: str, site: str, reason: str, hours: float | None = None) -> None:
@@ -492,6 +545,34 @@ def exclude_node(ledger: Ledger, node: str, site: str, reason: str, hours: float
     with ledger.session() as s:
         expires = utcnow() + dt.timedelta(hours=hours) if hours else None
         writes.exclude_node(s, site=site, node=node, reason=reason, evidence={"by": "user"}, expires=expires)
+
+
+def default_site(ledger: Ledger) -> str:
+    """The site `nodes exclude/include` mean without --site: the one site the ledger knows
+    (its campaigns' and exclusions'; imported runs have none). Raises CampaignError naming
+    the sites when there are several, or none."""
+    import sqlalchemy as sa
+
+    from campaign.ledger.models import Campaign, Exclusion
+
+    with ledger.session() as s:
+        sites = sorted({*s.scalars(sa.select(Campaign.site).where(Campaign.site != "imported")),
+                        *s.scalars(sa.select(Exclusion.site))})
+    if len(sites) != 1:
+        raise CampaignError("--site: " + (f"the ledger knows the sites {', '.join(sites)}: name one" if sites else
+                                          f"the ledger {ledger.display_url} knows no site yet: name one (e.g. local)"))
+    return sites[0]
+
+
+def default_reason() -> str:
+    """The reason recorded for `nodes exclude` without --reason: who did it."""
+    import getpass
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry and no USER (a container): say so, do not fail
+        user = f"uid {os.getuid()}"
+    return f"excluded by {user}"
 
 
 def check_exclusion(node: str, site: str) -> None:
@@ -521,50 +602,91 @@ process: it neither prints nor exits, as a rank stuck in a collective or a dead 
 
 
 def inject_fault(ledger: Ledger, name: str, fault: str, rank: int, *, after_step: int = 0, wait_s: float = 600.0,
+                 attempt: str = "current", stage: str | None = None,
                  notify: Callable[[str], None] = lambda line: None, poll_s: float = 0.2) -> dict[str, Any]:
-    """A drill on any trainer, yours or not: once the running attempt of campaign `name` has
-    reported `after_step`, send rank `rank`'s process group SIGKILL (`kill`) or SIGSTOP
-    (`hang`). The attempt is the one the ledger marks running, on this host, started by the
-    local launcher (one process per rank). Returns what was done; raises CampaignError when
-    nothing runs, the rank is not there, or the step is not reached within `wait_s`."""
-    from campaign import report
-    from campaign.ledger import reads
-    from campaign.supervisor import PIDS_FILE
+    """A drill on any trainer, yours or not: once an attempt of campaign `name` has reported
+    `after_step`, send rank `rank`'s process group SIGKILL (`kill`) or SIGSTOP (`hang`).
 
+    `attempt`: "current", the attempt running now (refused at once when the campaign is not
+    running: nothing would ever come), or "next", the first attempt that starts after this
+    call (waits for the campaign to start, as after `make demo`'s submit). `stage`: only an
+    attempt of that stage. The attempt runs on this host, started by the local launcher (one
+    process per rank). Before the signal, the run directory gets `injected.json`, so the
+    driver knows the fault was a drill (an exclusion it causes binds this campaign only).
+    Returns what was done; raises CampaignError when nothing runs, the campaign ends first,
+    the rank is not there, or the step is not reached within `wait_s`."""
+    from campaign import report
+    from campaign.lease import is_live
+    from campaign.ledger import reads
+    from campaign.ledger.models import db_utcnow
+    from campaign.rundir import PIDS_FILE
+
+    if attempt not in ("current", "next"):
+        raise CampaignError(f"--attempt {attempt}: give current or next")
     end = time.monotonic() + wait_s
+    after_id: int | None = None  # "next": attempts with a larger id than any there was at the start
+    seen_running = False
     while True:
         with ledger.session() as s:
             c = reads.get_campaign(s, name)
-            open_ = reads.list_open_attempts(s, c) if c is not None else []
+            if c is None and attempt == "current":
+                reads.require_campaign(s, name, ledger.display_url)  # names the campaigns there are
+            if after_id is None:
+                after_id = (max((a.id for _, a in reads.list_attempts(s, c)), default=0) if c is not None else 0) \
+                    if attempt == "next" else 0
+            lease = reads.get_lease(s, c) if c is not None else None
+            running = c is not None and c.state == "running" and lease is not None and is_live(lease, db_utcnow(s))
+            open_ = [a for a in (reads.list_open_attempts(s, c) if c is not None else [])
+                     if a.id > after_id and (stage is None or a.stage_run.name == stage)]
             run_dir = Path(open_[-1].run_dir) if open_ and open_[-1].run_dir else None
+            state = c.state if c is not None else None
+        if not running and (attempt == "current" or seen_running):
+            why = "has ended" if seen_running else f"is not running (state {state})"
+            raise CampaignError(f"campaign {name!r} {why}: no attempt to inject into"
+                                + ("" if seen_running else f"; to aim at its next run: `campaign inject {name} {fault} "
+                                   f"--attempt next`, then `campaign resume {name}` or `campaign submit FILE`"))
+        seen_running = seen_running or running
         pids = _read_json(run_dir / PIDS_FILE) if run_dir else None
         rows, _ = report.read_metrics(run_dir) if run_dir else ([], 0)
         if pids and (rows and rows[-1]["step"] >= after_step or not after_step):
             break
         if time.monotonic() > end:
-            if c is None:
-                with ledger.session() as s:
-                    reads.require_campaign(s, name, ledger.display_url)  # names the campaigns there are
-            raise CampaignError(f"campaign {name!r}: no running attempt reported step {after_step} within {wait_s:g} s"
+            raise CampaignError(f"campaign {name!r}: no {'new ' if attempt == 'next' else ''}attempt"
+                                f"{' of stage ' + stage if stage else ''} reported step {after_step} within {wait_s:g} s"
                                 + (f" (last: {run_dir})" if run_dir else ""))
         time.sleep(poll_s)
-    assert run_dir is not None and pids is not None
+    return _send_fault(run_dir, pids, fault, rank, rows[-1]["step"] if rows else None, notify)
+
+
+def _send_fault(run_dir: Path, pids: dict[str, Any], fault: str, rank: int, step: int | None,
+                notify: Callable[[str], None]) -> dict[str, Any]:
+    """Mark the run directory as drilled (`injected.json`), then signal the rank's process group."""
+    from campaign import report, rundir
+
     if pids.get("host") != socket.gethostname():
         raise CampaignError(f"the attempt in {run_dir} runs on {pids.get('host')}; run `campaign inject` there")
     if pids.get("launcher") != "local":
         raise CampaignError(f"the attempt in {run_dir} was started by {pids.get('launcher')}, one process for every "
                             "rank: `campaign inject` targets a rank of the local launcher only")
-    pgids = pids.get("pgids") or []
+    pgids = list(pids.get("pgids") or [])
     if not 0 <= rank < len(pgids):
         raise CampaignError(f"rank {rank} is not in the attempt in {run_dir} (ranks 0-{len(pgids) - 1})")
+    try:  # a warm-start server forked the rank: its own process group, not the client's the launcher started
+        pgids[rank] = int(rundir.rank_pid_file(run_dir, rank).read_text())
+    except (OSError, ValueError):
+        pass
+    done = {"fault": fault, "rank": rank, "run_dir": str(run_dir), "step": step, "signal": INJECTED[fault].name,
+            "time": time.time()}
+    marker = run_dir / rundir.INJECTED_FILE
+    report.write_json_atomic(marker, done)
     try:
         os.killpg(pgids[rank], INJECTED[fault])
     except ProcessLookupError:
-        raise CampaignError(f"rank {rank} of the attempt in {run_dir} has already exited") from None
-    done = {"fault": fault, "rank": rank, "run_dir": str(run_dir), "step": rows[-1]["step"] if rows else None,
-            "signal": INJECTED[fault].name}
+        marker.unlink(missing_ok=True)
+        raise CampaignError(f"rank {rank} of the attempt in {run_dir} has already exited; aim at the relaunch with "
+                            "`--attempt next`") from None
     notify(f"{fault}: sent {done['signal']} to rank {rank} (process group {pgids[rank]}) of {run_dir} at step "
-           f"{done['step'] if done['step'] is not None else 'none yet'}")
+           f"{step if step is not None else 'none yet'}")
     return done
 
 
@@ -574,3 +696,175 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+# --- logs ------------------------------------------------------------------------------
+
+def log_target(ledger: Ledger, name: str, *, stage: str | None = None, attempt: int | None = None,
+               rank: int = 0) -> dict[str, Any]:
+    """Which log `campaign logs` shows: rank `rank`'s of attempt `attempt` of `stage`; by
+    default the running attempt (the newest one when none runs). {"stage", "number", "state",
+    "run_dir", "path", "running"}; raises CampaignError naming what there is."""
+    from campaign import rundir
+    from campaign.ledger import reads
+
+    with ledger.session() as s:
+        c = reads.require_campaign(s, name, ledger.display_url)
+        pairs = [(r, a) for r, a in reads.list_attempts(s, c) if stage is None or r.name == stage]
+        if not pairs:
+            known = ", ".join(dict.fromkeys(r.name for r, _ in reads.list_attempts(s, c))) or "none yet"
+            raise CampaignError(f"campaign {name!r} has no attempt" + (f" of stage {stage!r}" if stage else "")
+                                + f" (stages with attempts: {known})")
+        if attempt is not None:
+            in_stage = [(r, a) for r, a in pairs if r.name == (stage or pairs[-1][0].name)]
+            found = [(r, a) for r, a in in_stage if a.number == attempt]
+            if not found:
+                raise CampaignError(f"--attempt {attempt}: stage {in_stage[-1][0].name} of {name!r} has attempts "
+                                    f"1-{max(a.number for _, a in in_stage)}")
+            run, a = found[0]
+        else:
+            running = [(r, a) for r, a in pairs if a.state == "running"]
+            run, a = (running or pairs)[-1]
+        run_dir = Path(a.run_dir) if a.run_dir else None
+        out = {"stage": run.name, "number": a.number, "state": a.state, "run_dir": str(run_dir) if run_dir else None,
+               "running": a.state == "running", "attempt_id": a.id}
+    if run_dir is None:
+        raise CampaignError(f"attempt {out['number']} of {out['stage']} has no run directory (an imported run?)")
+    own = rundir.rank_log(run_dir, rank)
+    out["path"] = str(own if own.exists() or not rundir.launcher_log(run_dir).exists() else rundir.launcher_log(run_dir))
+    return out
+
+
+def follow_log(ledger: Ledger, name: str, write: Callable[[str], None], *, stage: str | None = None,
+               attempt: int | None = None, rank: int = 0, follow: bool = False, poll_s: float = 0.5,
+               sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+    """Write the log `log_target` picks to `write`; with `follow`, go on as it grows until
+    its attempt ends, and (no `attempt` given) on to the campaign's next attempt while the
+    campaign runs, each announced with a `==> stage #N rank R: PATH <==` line."""
+    from campaign.ledger import reads
+    from campaign.ledger.models import Attempt
+
+    target = log_target(ledger, name, stage=stage, attempt=attempt, rank=rank)
+    while True:
+        path = Path(target["path"])
+        if follow:
+            write(f"==> {target['stage']} #{target['number']} rank {rank}: {path} <==\n")
+        offset = _copy_from(path, 0, write)
+        if not follow:
+            if not path.exists():
+                raise CampaignError(f"no log at {path} (attempt {target['number']} of {target['stage']}: "
+                                    f"{target['state']}); its run directory: {target['run_dir']}")
+            return target
+        while True:  # until the attempt is over and its log read to the end
+            with ledger.session() as s:
+                a = s.get(Attempt, target["attempt_id"])
+                done, state = a is None or a.state != "running", a.state if a is not None else "gone"
+            offset = _copy_from(path, offset, write)
+            if done:
+                break
+            sleep(poll_s)
+        write(f"==> attempt {target['number']} of {target['stage']} ended: {state} <==\n")
+        if attempt is not None:
+            return target
+        while True:  # the next attempt of the campaign (of `stage`), while the campaign runs
+            if live_driver(ledger, name) is None:
+                return target
+            with ledger.session() as s:
+                c = reads.get_campaign(s, name)
+                nxt = c is not None and any(a.id > target["attempt_id"] and (stage is None or r.name == stage)
+                                            for r, a in reads.list_attempts(s, c))
+            if nxt:
+                break
+            sleep(poll_s)
+        target = log_target(ledger, name, stage=stage, rank=rank)
+
+
+def _copy_from(path: Path, offset: int, write: Callable[[str], None]) -> int:
+    """Write what `path` holds past `offset` (nothing if it is not there yet); the new offset."""
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except OSError:
+        return offset
+    if data:
+        write(data.decode("utf-8", "replace"))
+    return offset + len(data)
+
+
+# --- forget ----------------------------------------------------------------------------
+
+def campaign_exists(ledger: Ledger, name: str) -> bool:
+    from campaign.ledger import reads
+
+    with ledger.session() as s:
+        return reads.get_campaign(s, name) is not None
+
+
+def forget_plan(ledger: Ledger, name: str) -> dict[str, Any]:
+    """What `campaign forget NAME` would remove: {"name", "attempts", "steps", "run_dir"
+    (None when it is not a directory of that name), "exclusions" (its own: a drill's)}.
+    Raises CampaignError while a driver runs it."""
+    import sqlalchemy as sa
+
+    from campaign.ledger import reads
+    from campaign.ledger.models import Exclusion
+
+    with ledger.session() as s:
+        c = reads.require_campaign(s, name, ledger.display_url)
+        pairs = reads.list_attempts(s, c)
+        own = s.scalar(sa.select(sa.func.count()).select_from(Exclusion).where(Exclusion.campaign_id == c.id))
+        workdir = Path(c.workdir) if c.workdir else None
+    driver = live_driver(ledger, name)
+    if driver is not None:
+        raise CampaignError(f"campaign {name!r} is running (driver pid {driver['pid']} on {driver['host']}): "
+                            f"`campaign cancel {name}` first")
+    run_dir = workdir if workdir is not None and workdir.name == name and workdir.is_dir() \
+        and not workdir.is_symlink() else None
+    return {"name": name, "attempts": len(pairs), "steps": sum((a.last_step or 0) for _, a in pairs),
+            "run_dir": str(run_dir) if run_dir else None, "exclusions": int(own or 0)}
+
+
+def forget_campaign(ledger: Ledger, name: str) -> dict[str, Any]:
+    """`campaign forget NAME`: delete the campaign's rows (stages, attempts, steps, events, its
+    own exclusions: the database cascades) and then its run directories; what was removed.
+    The rows go first: a run directory left by a failure is only files, never a campaign
+    the ledger half-knows."""
+    import shutil
+
+    from campaign import names
+    from campaign.ledger import reads, writes
+
+    names.check(name, "NAME")
+    plan = forget_plan(ledger, name)
+    with ledger.session() as s:
+        c = reads.require_campaign(s, name, ledger.display_url)
+        writes.delete_campaign(s, c)
+    if plan["run_dir"]:
+        try:
+            shutil.rmtree(plan["run_dir"])
+        except OSError as e:
+            raise CampaignError(f"the ledger forgot {name!r}, but its run directory {plan['run_dir']} could not be "
+                                f"removed ({e.strerror or e}); remove it by hand") from None
+    return plan
+
+
+def completion_names(db_url: str | None, workdir: Path, campaign: str | None = None) -> list[str]:
+    """For shell completion: the ledger's campaign names, or the stage names of `campaign`.
+    Never raises (no ledger, a bad URL: nothing to offer)."""
+    from campaign.ledger import reads
+
+    try:
+        ledger = open_at(db_url, workdir, create=False)
+    except Exception:  # completion must never print a traceback into the user's shell
+        return []
+    try:
+        with ledger.session() as s:
+            if campaign is None:
+                return sorted(c.name for c in reads.list_campaigns(s))
+            c = reads.get_campaign(s, campaign)
+            return [r.name for r in reads.current_stage_runs(s, c)] if c is not None else []
+    except Exception:
+        return []
+    finally:
+        ledger.close()

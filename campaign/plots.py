@@ -7,6 +7,8 @@
 Figures are built on the object API with the Agg canvas (no pyplot, no display), so they
 work on a login node and in tests. Only `campaign plot` imports this module.
 
+* run:      the campaign's chart (the default): loss against cumulative tokens of its long run
+  across attempts, each relaunch marked and labelled with its cause, rescue and steps lost.
 * progress: loss against cumulative tokens, one colour per run and stage, one line per
   attempt; line style by node count (solid for the smallest, dashed for the next, ...),
   as in AuroraGPT's production progress chart; reference curves in black and grey.
@@ -140,6 +142,95 @@ def progress_figure(campaigns: Sequence[Sequence[dict[str, Any]]], *, reference:
     return fig
 
 
+RELAUNCH_COLOUR = "tab:red"
+
+
+def relaunch_text(r: dict[str, Any]) -> str:
+    """A relaunch's label on the chart: `relaunch 1: hang` then who was excluded, whether a
+    rescue saved the last step, and the steps lost (what the `relaunch` event recorded)."""
+    lines = [f"relaunch {r.get('relaunch') or '?'}: {r.get('cause') or r.get('exit_class') or 'fault'}"
+             + (" (drill)" if r.get("drill") else "")]
+    if r.get("excluded"):
+        lines.append(f"excluded {', '.join(r['excluded'])}")
+    if r.get("rescued"):
+        lines.append(f"rescued step {r.get('resume_step')}")
+    lost = r.get("steps_lost")
+    lines.append(f"{lost} step{'s' if lost != 1 else ''} lost" if lost is not None else "steps lost unknown")
+    return "\n".join(lines)
+
+
+def run_figure(runs: Sequence[dict[str, Any]], *, log_x: bool = False, title: str | None = None) -> Figure:
+    """The campaign's chart: loss against cumulative tokens of one stage (the long run) across
+    all its attempts; each relaunch marked where it resumed (red dashed line, gid
+    CAMPAIGN/STAGE/relaunch-K), the failed attempt's last step crossed (gid .../fault-K), the
+    steps lost shaded, and a label with its cause, exclusions, rescue and steps lost.
+    `runs`: `commands.run_series` per campaign. Attempt lines carry gid CAMPAIGN/STAGE/N."""
+    fig = _figure(PROGRESS_SIZE)
+    ax = fig.add_subplot()
+    several = len(runs) > 1
+    labels_at: list[float] = []
+    for ci, run in enumerate(runs):
+        by_number = {s["number"]: s for s in run["series"]}
+        for i, s in enumerate(run["series"]):
+            xs, ys = _finite(s["tokens"], s["loss"], positive_x=log_x)
+            colour = f"C{ci % 10}" if several else f"C{i % 10}"
+            what = f"attempt {s['number']}" + (f" ({s['label']})" if s.get("label") else "")
+            ax.plot(xs, ys, color=colour, linewidth=1.6, marker="o" if len(xs) <= FEW_POINTS else None, markersize=3,
+                    gid=f"{run['campaign']}/{run['stage']}/{s['number']}",
+                    label=f"{run['campaign']}: {what}" if several else what)
+        for r in run["relaunches"]:
+            failed, nxt = by_number.get(r.get("after")), by_number.get((r.get("after") or 0) + 1)
+            gid = f"{run['campaign']}/{run['stage']}"
+            k = r.get("relaunch") or r.get("after")
+            fx, fy = _finite(failed["tokens"], failed["loss"], positive_x=log_x) if failed else ([], [])
+            nx, _ = _finite(nxt["tokens"], nxt["loss"], positive_x=log_x) if nxt else ([], [])
+            if fx:
+                ax.plot([fx[-1]], [fy[-1]], "x", color=RELAUNCH_COLOUR, markersize=9, markeredgewidth=2,
+                        gid=f"{gid}/fault-{k}")
+            at = _resumed_at(failed, r.get("resume_step"), nx)
+            if at is None:
+                continue
+            ax.axvline(at, color=RELAUNCH_COLOUR, linestyle="--", linewidth=1, gid=f"{gid}/relaunch-{k}")
+            if fx and fx[-1] > at:  # the steps lost: trained again by the relaunch
+                ax.axvspan(at, fx[-1], color=RELAUNCH_COLOUR, alpha=0.12, linewidth=0, gid=f"{gid}/lost-{k}")
+            # Labels of relaunches close together step down the axes instead of overlapping.
+            near = sum(1 for x in labels_at if abs(x - at) < 0.15 * max(ax.get_xlim()[1], 1))
+            labels_at.append(at)
+            ax.annotate(relaunch_text(r), (at, 0.97 - 0.2 * near), xycoords=("data", "axes fraction"), xytext=(4, 0),
+                        textcoords="offset points", va="top", ha="left", fontsize=8, color=RELAUNCH_COLOUR,
+                        bbox={"boxstyle": "round,pad=0.3", "facecolor": "white", "edgecolor": RELAUNCH_COLOUR,
+                              "alpha": 0.85}, gid=f"{gid}/label-{k}")
+    if log_x:
+        ax.set_xscale("log")
+    _token_axis(ax)
+    named = [f"{r['campaign']} / {r['stage']}" for r in runs if r.get("stage")]
+    n_att = sum(len(r["series"]) for r in runs)
+    n_rel = sum(len(r["relaunches"]) for r in runs)
+    ax.set_title(title or (f"Loss vs tokens: {', '.join(named)} ({n_att} attempt{'s' if n_att != 1 else ''}, "
+                           f"{n_rel} relaunch{'es' if n_rel != 1 else ''})" if named else "no stage with steps"))
+    ax.set_xlabel("tokens (cumulative over the stage's attempts)" + (", log scale" if log_x else ""))
+    ax.set_ylabel("training loss")
+    ax.grid(True, alpha=0.3, which="both" if log_x else "major")
+    handles, labels = ax.get_legend_handles_labels()
+    if any(r["relaunches"] for r in runs):  # a key to the relaunch marks
+        handles += [Line2D([], [], color=RELAUNCH_COLOUR, marker="x", linestyle="", markersize=8, markeredgewidth=2),
+                    Line2D([], [], color=RELAUNCH_COLOUR, linestyle="--", linewidth=1)]
+        labels += ["last step before the fault", "relaunch: resumed from here (shaded: steps lost)"]
+    if handles:
+        ax.legend(handles, labels, fontsize=8, loc="upper right")
+    return fig
+
+
+def _resumed_at(failed: dict[str, Any] | None, resume_step: int | None, next_tokens: list[Any]) -> Any:
+    """Where on the token axis a relaunch resumed: the failed attempt's tokens at the
+    checkpoint's step (the relaunch trains on from there), else the relaunch's first point."""
+    if failed is not None and resume_step is not None and resume_step in failed["steps"]:
+        return failed["tokens"][failed["steps"].index(resume_step)]
+    if next_tokens:
+        return next_tokens[0]
+    return failed["tokens"][-1] if failed and failed["tokens"] else None
+
+
 def scaling_figure(tables: Sequence[tuple[str, Sequence[dict[str, Any]]]], *, min_efficiency: float | None = None,
                    title: str | None = None) -> Figure:
     """Tokens/s, efficiency and collective-time share against node count; `tables`: (run
@@ -207,7 +298,7 @@ def steps_figure(campaigns: Sequence[Sequence[dict[str, Any]]], *, title: str | 
                     ax.axvline(first, color="red" if relaunch else "0.5", linestyle="--" if relaunch else ":",
                                linewidth=1, gid=f"{gid}/{'relaunch' if relaunch else 'boundary'}")
                 if relaunch:
-                    ax_time.annotate(f"relaunch #{s['number']}\nafter {prev['state']}", (first, 1), xycoords=("data", "axes fraction"),
+                    ax_time.annotate(f"relaunch {s['number'] - 1}\nafter {prev['state']}", (first, 1), xycoords=("data", "axes fraction"),
                                      xytext=(3, -3), textcoords="offset points", va="top", fontsize=8, color="red")
             prev = s
     ax_time.set_ylabel("step time (ms)")

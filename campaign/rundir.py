@@ -16,11 +16,14 @@
           supervisor.json               SUPERVISOR_REPORT: the supervisor's report of the attempt
           drills/<nodes>/               drill_dir(): a bisection drill's run directory
           logs/rank-R.log               rank_log(): rank R's output (local launcher)
+          logs/rank-R.pid               rank_pid_file(): rank R's own process (group) when a warm-start
+                                        server forked it (local launcher; `campaign inject` signals it)
           logs/launcher.log             launcher_log(): the launcher's output (mpiexec, srun, torchrun)
           metrics.jsonl events.jsonl startup.json heartbeats/   the trainer's files (the trainer
                                         contract, `campaign.report`: METRICS_FILE, EVENTS_FILE, ...)
           rescue-request.json           RESCUE_REQUEST_FILE: the supervisor asks one rank to save
           rescue.json                   RESCUE_RESULT_FILE: that rank's answer (`campaign.train.rescue`)
+          injected.json                 INJECTED_FILE: `campaign inject` sent this attempt a fault (a drill)
 
 The supervisor, the driver, recovery, the trainer's contract helper and the trainer take
 their names from here; the trainer contract (`docs/trainer-contract.md`) documents the
@@ -63,6 +66,9 @@ RESCUE_REQUEST_FILE = "rescue-request.json"
 """Written by the supervisor: {"rank": R} (the rank that saves), then SIGUSR1."""
 RESCUE_RESULT_FILE = "rescue.json"
 """Written by the rank that was asked: {"saved": bool, "step", "path", "seconds", "why"}."""
+INJECTED_FILE = "injected.json"
+"""Written by `campaign inject` before it signals a rank: {"fault", "rank", "step", ...}. The
+driver reads it: an exclusion that follows a drill binds that campaign only."""
 
 
 def attempt_dir(stage_dir: Path, number: int) -> Path:
@@ -78,6 +84,18 @@ def drill_dir(run_dir: Path, nodes: list[str]) -> Path:
 def rank_log(run_dir: Path, rank: int) -> Path:
     """Rank `rank`'s output when the supervisor starts each rank itself (local launcher)."""
     return run_dir / LOGS_DIR / f"rank-{rank}.log"
+
+
+RANK_PID_ENV = "CAMPAIGN_RANK_PIDFILE"
+"""Set by the supervisor for each rank of the local launcher: where a warm-start client writes
+the pid of the process the node's server forked for it (its own process group)."""
+
+
+def rank_pid_file(run_dir: Path, rank: int) -> Path:
+    """Rank `rank`'s process when it is not the launched one: a warm-start server's child,
+    in its own process group (the launched client only relays to it, and SIGSTOP cannot be
+    relayed). Local launcher only; absent for a rank started cold."""
+    return run_dir / LOGS_DIR / f"rank-{rank}.pid"
 
 
 def launcher_log(run_dir: Path) -> Path:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import datetime as dt
 import time
 from collections.abc import Callable
@@ -97,6 +98,7 @@ class StageContext:
         self.stage_dir = engine.run_root / run.name
         self._bad_rows: dict[int, dict[str, Any]] = {}  # attempt id -> summary["bad_metric_rows"] so far
         self._read_at: dict[int, tuple[int, report.StepChain]] = {}  # attempt id -> (next line, its rows) of metrics.jsonl
+        self._drills: dict[int, str] = {}  # attempt id -> the drill it ran (spec faults), for scoped exclusions
 
     @property
     def ledger(self) -> Ledger:
@@ -117,6 +119,13 @@ class StageContext:
             run = s.get(StageRun, self.run.id)
             assert run is not None
             return {"step": run.steps, "tokens": run.tokens, "loss": run.last_loss}
+
+    def attempts_made(self) -> int:
+        """How many attempts this stage run has had (every driver's): the next one is this + 1."""
+        with self.ledger.session() as s:
+            run = s.get(StageRun, self.run.id)
+            assert run is not None
+            return int(run.attempts_count)
 
     def steps_for_tokens(self, tokens: int, nodes: int | None) -> int:
         """Steps that train at least `tokens` tokens at this stage's node count."""
@@ -194,23 +203,40 @@ class StageContext:
                   "evidence": st} for st in outcome.report.stragglers]
         return self._exclude(outcome, found, hours)
 
+    def drill_of(self, outcome: AttemptOutcome) -> str | None:
+        """What drill faulted this attempt, if one did: `campaign inject` (its marker in the
+        run directory) or the spec's `faults`. None for a real fault."""
+        injected = _read_json(outcome.run_dir / rundir.INJECTED_FILE)
+        if injected is not None:
+            return f"`campaign inject {injected.get('fault', '?')}` on rank {injected.get('rank', '?')}"
+        return self._drills.get(outcome.attempt_id)
+
     def _exclude(self, outcome: AttemptOutcome, suspects: list[dict[str, Any]], hours: float | None) -> list[str]:
+        """Exclude `suspects` on the site, for `hours`. After a drill the exclusion binds
+        this campaign only (and goes with it): a deliberate fault says nothing about the
+        node, and must not take it from the site's other campaigns."""
         expires = utcnow() + dt.timedelta(hours=hours) if hours else None
+        drill = self.drill_of(outcome)
+        lines = []
         for unit in self.engine.writes("recording exclusions"):
             with unit as s:
-                names = []
+                names, lines = [], []
                 a = s.get(Attempt, outcome.attempt_id)
                 assert a is not None
+                c = a.stage_run.campaign
                 for sus in suspects:
                     evidence = {**sus.get("evidence", {}), "attempt": outcome.number, "exit_class": outcome.exit_class,
-                                "stall": outcome.report.stall}
+                                "stall": outcome.report.stall, **({"drill": drill} if drill else {})}
                     writes.exclude_node(s, site=self.engine.site_name, node=sus["node"], reason=sus["reason"],
-                                        evidence=evidence, attempt=a, expires=expires)
-                    writes.add_event(s, a.stage_run.campaign, "node_excluded", f"excluded {sus['node']}: {sus['reason']}",
-                                     stage_run=a.stage_run, attempt=a, data={"node": sus["node"], "evidence": evidence})
+                                        evidence=evidence, attempt=a, expires=expires, campaign=c if drill else None)
+                    line = exclusion_line(sus["node"], sus["reason"], self.engine.site_name, c.name if drill else None,
+                                          drill, hours)
+                    writes.add_event(s, c, "node_excluded", line, stage_run=a.stage_run, attempt=a,
+                                     data={"node": sus["node"], "evidence": evidence, "campaign_only": bool(drill)})
                     names.append(sus["node"])
-        for sus in suspects:
-            self.engine.progress.event(f"excluded {sus['node']}: {sus['reason']}")
+                    lines.append(line)
+        for line in lines:
+            self.engine.progress.event(line)
         return names
 
     def launch(self, targets: Targets, *, nodes: int | None = None, timeout_s: float,
@@ -233,11 +259,15 @@ class StageContext:
                 run = s.get(StageRun, self.run.id)
                 assert run is not None
                 a = writes.create_attempt(s, run, nodes=[], ranks_per_node=self.spec.site.ranks_per_node, run_dir="",
-                                          label=label, tokens_base=_tokens_base(run, targets.resume))
+                                          label=label, tokens_base=_tokens_base(run, targets.resume),
+                                          target_steps=targets.steps)
                 a.run_dir = str(rundir.attempt_dir(self.stage_dir, a.number))
                 number, attempt_id = a.number, a.id
-                excluded = sorted({e.node for e in reads.list_exclusions(s, self.engine.site_name)})
+                excluded = sorted({e.node for e in reads.list_exclusions(s, self.engine.site_name,
+                                                                         for_campaign=run.campaign_id)})
         run_dir = rundir.attempt_dir(self.stage_dir, number)
+        if faults:
+            self._drills[attempt_id] = "a fault the spec injects"
         config = trainer_config(self.spec, targets, stage_dir=self.stage_dir, attempt=number, faults=faults,
                                 spec_dir=self.engine.spec_dir)
         resume_from = contract.newest_complete(self.spec.trainer.checkpoints, ckpt) if targets.resume else None
@@ -345,11 +375,11 @@ class StageContext:
         if last:
             for unit in self.engine.writes("ingesting the attempt's last steps"):
                 with unit as s:
-                    number = self._write_rows(s, attempt_id, got.rows, bad, earlier)
+                    number = self._write_rows(s, attempt_id, got.rows, bad, earlier, run_dir)
         else:
             try:
                 with self.ledger.session() as s:
-                    number = self._write_rows(s, attempt_id, got.rows, bad, earlier)
+                    number = self._write_rows(s, attempt_id, got.rows, bad, earlier, run_dir)
             except Exception as e:
                 if not transient(e):
                     raise
@@ -377,10 +407,14 @@ class StageContext:
                            attempt_id=attempt_id, data=data)
 
     @staticmethod
-    def _write_rows(s: Any, attempt_id: int, rows: list[dict[str, Any]], bad: dict | None, earlier: dict | None) -> int:
-        """One unit of ingestion: the rows, and the bad-row count when it grew; the attempt's number."""
+    def _write_rows(s: Any, attempt_id: int, rows: list[dict[str, Any]], bad: dict | None, earlier: dict | None,
+                    run_dir: Path) -> int:
+        """One unit of ingestion: the rows, and the bad-row count when it grew; the attempt's
+        number. The attempt's nodes come from its hostfile while it runs (status shows them)."""
         a = s.get(Attempt, attempt_id)
         assert a is not None
+        if not a.nodes:
+            a.nodes = rundir.launched_nodes(run_dir)
         writes.ingest_steps(s, a, rows)
         if bad is not earlier:
             writes.record_bad_metric_rows(s, a, bad, first=earlier is None)
@@ -480,3 +514,20 @@ def _summary(rep: AttemptReport) -> dict[str, Any]:
             "detected_after_s", "spares", "allocation", "stragglers", "finding", "rescue")
     doc = rep.to_dict()
     return {k: doc[k] for k in keep if doc[k] not in (None, [])}
+
+
+def exclusion_line(node: str, reason: str, site: str, campaign: str | None, drill: str | None,
+                   hours: float | None) -> str:
+    """What the driver says (and records) when it excludes a node: why, for whom, for how
+    long, and the exact command that lifts it."""
+    scope = f" for campaign {campaign} only (a drill)" if campaign else f" on site {site}"
+    until = f" for {hours:g} h" if hours else ""
+    return f"excluded {node}{scope}{until}: {reason}; lift: campaign nodes include {node} --site {site}"
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

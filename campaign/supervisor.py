@@ -297,8 +297,9 @@ def _start(request: AttemptRequest, active: list[str]) -> tuple[_Launch, list[st
         try:
             for rank, (rank_argv, env) in enumerate(launchers.local_rank_processes(plan)):
                 with open(rundir.rank_log(run_dir, rank), "wb") as log:
-                    p = subprocess.Popen(rank_argv, env={**base_env, **env}, stdout=log, stderr=subprocess.STDOUT,
-                                         cwd=run_dir, start_new_session=True)
+                    pid_env = {rundir.RANK_PID_ENV: str(rundir.rank_pid_file(run_dir, rank))}  # a warm client's child
+                    p = subprocess.Popen(rank_argv, env={**base_env, **env, **pid_env}, stdout=log,
+                                         stderr=subprocess.STDOUT, cwd=run_dir, start_new_session=True)
                 procs.append((rank, env.get("CAMPAIGN_NODE", ""), p))
         except OSError:  # the ranks already started must not train on unwatched
             for _, _, p in procs:

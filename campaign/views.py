@@ -33,9 +33,19 @@ def _state(s: str) -> str:
     return f"[{style}]{s}[/]" if style else s
 
 
+def state_text(row: dict[str, Any]) -> str:
+    """A campaign's state as a person should read it: a campaign whose driver is gone is
+    not `running` (`commands.DRIVER_GONE`): it says which process and what to run."""
+    if row.get("state") != "driver_gone":
+        return str(row.get("state"))
+    d = row.get("driver") or {}
+    who = f"pid {d['pid']} on {d['host']}" if d.get("pid") else "no driver holds it"
+    return f"driver gone ({who}): run `campaign resume {row['name']}`"
+
+
 def campaign_table(summary: dict[str, Any]) -> Table:
     """One campaign's stages (the `status --json` shape) as a table."""
-    t = Table(title=f"campaign {summary['name']} — {summary['state']}", title_justify="left", expand=True)
+    t = Table(title=f"campaign {summary['name']} — {escape(state_text(summary))}", title_justify="left", expand=True)
     for col, kw in (("#", {"justify": "right"}), ("stage", {}), ("kind", {}), ("state", {}),
                     ("attempts", {"justify": "right"}), ("tokens", {"justify": "right"}),
                     ("last loss", {"justify": "right"})):
@@ -52,11 +62,11 @@ def campaign_table(summary: dict[str, Any]) -> Table:
 def exclusions_list(rows: list[dict[str, Any]]) -> Table:
     """`campaign nodes list`: excluded nodes with reason, since, expiry and lifted."""
     t = Table(title="excluded nodes", title_justify="left")
-    for col in ("site", "node", "reason", "since", "expires", "lifted"):
+    for col in ("site", "node", "for", "reason", "since", "expires", "lifted"):
         t.add_column(col)
     for e in rows:
-        t.add_row(e["site"], escape(e["node"]), escape(e["reason"]), _minute(e["since"]), _minute(e["expires"]) or "never",
-                  _minute(e["lifted"]))
+        t.add_row(e["site"], escape(e["node"]), escape(f"campaign {e['campaign']}" if e.get("campaign") else "the site"),
+                  escape(e["reason"]), _minute(e["since"]), _minute(e["expires"]) or "never", _minute(e["lifted"]))
     return t
 
 
@@ -70,7 +80,8 @@ def campaigns_table(rows: list[dict[str, Any]]) -> Table:
     for col in ("name", "site", "state", "stage reached", "tokens", "last loss", "updated"):
         t.add_column(col, justify="right" if col in ("tokens", "last loss") else "left")
     for r in rows:
-        t.add_row(escape(r["name"]), r["site"], _state(r["state"]), escape(r["stage"] or "-"), fmt_tokens(r["tokens"]),
+        state = _state(r["state"]) if r["state"] != "driver_gone" else f"[red]{escape(state_text(r))}[/]"
+        t.add_row(escape(r["name"]), r["site"], state, escape(r["stage"] or "-"), fmt_tokens(r["tokens"]),
                   fmt_loss(r["last_loss"]), r["updated"])
     return t
 
@@ -179,7 +190,8 @@ def attempts_table(attempts: list[dict[str, Any]]) -> Table:
     for a in attempts:
         relaunch = prev is not None and prev["stage"] == a["stage"] and prev["state"] not in ("succeeded", "running")
         steps = "-" if a["last_step"] is None else f"{a['first_step']}-{a['last_step']}"
-        t.add_row(escape(a["stage"]), str(a["number"]), escape(a["label"] or ("relaunch" if relaunch else "")),
+        t.add_row(escape(a["stage"]), str(a["number"]),
+                  escape(a["label"] or (f"relaunch {a['number'] - 1}" if relaunch else "")),
                   _state(a["state"]), "-" if a["exit_code"] is None else str(a["exit_code"]), steps,
                   fmt_tokens(a["tokens"]), fmt_loss(a["last_loss"]), fmt_duration(a["duration_s"]),
                   escape(fmt_nodes(a["nodes"], a["node_count"]) + (f" (suspects: {', '.join(a['suspects'])})"
@@ -201,11 +213,12 @@ def run_dirs_table(attempts: list[dict[str, Any]]) -> Table:
 
 def exclusions_table(exclusions: list[dict[str, Any]]) -> Table:
     t = Table(title="excluded nodes", title_justify="left", expand=True)
-    for col in ("node", "since", "expires"):
+    for col in ("node", "for", "since", "expires"):
         t.add_column(col, no_wrap=True)
     t.add_column("reason", overflow="fold", ratio=1)
     for e in exclusions:
-        t.add_row(escape(e["node"]), (e["since"] or "-")[:16], (e["expires"] or "never")[:16], escape(e["reason"]))
+        t.add_row(escape(e["node"]), "this campaign" if e.get("campaign_only") else "the site", (e["since"] or "-")[:16],
+                  (e["expires"] or "never")[:16], escape(e["reason"]))
     return t
 
 
@@ -228,6 +241,10 @@ def campaign_detail(detail: dict[str, Any]) -> Any:
 
     parts: list[Any] = [Text(f"site {detail.get('site', '-')}, version {detail.get('version', 1)}, "
                              f"updated {(detail.get('updated') or '-')[:16]}")]
+    if detail.get("state") == "driver_gone":
+        parts.append(Text(state_text(detail), style="bold red"))
+    parts += [Text(line, style="bold" if not line.startswith(" ") else "") for a in detail.get("running") or []
+              for line in running_lines(a)]
     parts += [Text(f"warning: {w}", style="yellow") for w in detail.get("warnings") or []]
     stages = campaign_table(detail)
     stages.caption = None
@@ -289,3 +306,126 @@ def goodput_table(summary: dict[str, Any]) -> Table | None:
         t.add_row(escape(name), escape(text))
     t.add_row("[bold]campaign[/]", escape(goodput_line(summary.get("goodput") or {})))
     return t
+
+
+# --- live: the running attempts, and `status NAME --watch` in one screen ---------------
+
+STATE_MARK = {"passed": "ok", "failed": "FAILED", "running": "running", "pending": "-", "skipped": "skipped",
+              "cancelled": "cancelled"}
+STALE_AFTER_S = 5.0
+"""A running attempt whose newest step is older than this (and 3 step times) shows how long
+it has been silent instead of an ETA (the watchdog decides what that means)."""
+WATCH_EVENTS = 5
+"""Events the watch screen shows at most (newest last); the rest are counted."""
+
+
+def fmt_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "eta -"
+    m, s = divmod(int(round(seconds)), 60)
+    return f"eta {m // 60}:{m % 60:02d}:{s:02d}"
+
+
+def running_lines(a: dict[str, Any]) -> list[str]:
+    """A running attempt in two lines of at most 80 columns (for a short name):
+    `long-run #2 (relaunch 1): step 88/157 (56%)  eta 0:00:03  12.8K tok/s` and
+    `  loss 1.8750  45.1K tok  40 ms/step  2 nodes: local-n0, local-n2` (3 names, then +N)."""
+    name = f"{a['stage']} #{a['number']}" + (f" ({a['label']})" if a.get("label") else "")
+    if a.get("step") is None:
+        head = f"{name}: starting (no step yet)" + (f", target {a['target']} steps" if a.get("target") else "")
+    else:
+        target = a.get("target")
+        pct = f" ({100 * a['step'] // target}%)" if target else ""
+        parts = [f"step {a['step']}/{target if target else '?'}{pct}"]
+        age, per_step = a.get("last_step_age_s"), a.get("step_time_s") or 0.0
+        if age is not None and age > max(STALE_AFTER_S, 3 * per_step):  # the rate and ETA no longer say anything
+            parts.append(f"no new step for {fmt_duration(age)}")
+        else:
+            parts.append(fmt_eta(a.get("eta_s")))
+            if a.get("tokens_per_s"):
+                parts.append(f"{fmt_tokens(int(a['tokens_per_s']))} tok/s")
+        head = f"{name}: " + "  ".join(parts)
+    nodes = a.get("nodes") or []
+    where = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}: {', '.join(nodes[:3])}" \
+        + (f" +{len(nodes) - 3}" if len(nodes) > 3 else "") if nodes else "nodes: not launched yet"
+    extra = [f"loss {fmt_loss(a.get('loss'))}"] if a.get("loss") is not None else []
+    if a.get("tokens") is not None:
+        extra.append(f"{fmt_tokens(a['tokens'])} tok")
+    if a.get("step_time_s"):
+        extra.append(f"{a['step_time_s'] * 1000:.0f} ms/step")
+    return [head, "  " + "  ".join([*extra, where])]
+
+
+def _packed(first: str, items: list[str], width: int) -> list[str]:
+    """`items` joined by ", " into lines of at most `width` characters (an item never split)."""
+    lines = [first]
+    for i, item in enumerate(items):
+        sep = ", " if i < len(items) - 1 else ""
+        if len(lines[-1]) + len(item) + len(sep) > width and lines[-1].strip():
+            lines.append("  ")
+        lines[-1] += item + sep
+    return lines
+
+
+def watch_lines(detail: dict[str, Any], width: int = 80) -> tuple[list[str], list[str], list[str]]:
+    """The watch screen's parts: the lines it must show (title, stages, running attempts),
+    the exclusions' and the events' lines (shown while they fit)."""
+    name, state = detail["name"], state_text(detail)
+    head = [f"campaign {name}: {state}"]
+    d = detail.get("driver") or {}
+    if d.get("state") == "live":
+        head[0] += f" (driver pid {d['pid']} on {d['host']})"
+    stages = [f"{i}. {st['name']} {STATE_MARK.get(st['state'], st['state'])}"
+              + (f" ({st['attempts']} attempts)" if st["attempts"] > 1 else "")
+              for i, st in enumerate(detail["stages"], 1)]
+    head += _packed("stages: ", stages, width)
+    for a in detail.get("running") or []:
+        head += running_lines(a)
+    if detail.get("state") not in ("running", "driver_gone") and not detail.get("running"):
+        last = next((st for st in reversed(detail["stages"]) if st.get("verdict")), None)
+        if last:
+            head.append(f"{last['name']}: {last['verdict']}")
+    excl = [f"excluded {e['node']}" + (" (this campaign)" if e.get("campaign_only") else "") + f": {e['reason']}"
+            for e in detail.get("exclusions") or []]
+    events = [f"{(e['time'] or '')[11:19]} {e['message']}" for e in (detail.get("events") or [])]
+    return head, excl, events[-WATCH_EVENTS:]
+
+
+def watch_view(detail: dict[str, Any], width: int = 80, height: int = 24) -> Any:
+    """`campaign status NAME --watch`: one screen of `width` x `height` (a 24x80 terminal
+    holds it): title, stages, each running attempt, then the newest events (each in up to two
+    lines) and the excluded nodes while they fit. A line too long ends in an ellipsis;
+    whatever does not fit is counted in the last line, which names the command that shows it all."""
+    import textwrap
+
+    from rich.console import Group
+    from rich.text import Text
+
+    head, excl, events = watch_lines(detail, width)
+    lines = [(line, "bold" if i == 0 else "") for i, line in enumerate(head)]
+    room = max(height - 1 - len(lines), 0)  # the last line of a terminal scrolls a redraw: keep it free
+    # (kind, lines) items; the newest events first: they say what is happening.
+    items: list[tuple[str, list[tuple[str, str]]]] = []
+    if events:
+        items.append(("title", [("recent events:", "bold")]))
+        for e in events:
+            wrapped = textwrap.wrap(e, width - 2, subsequent_indent=" " * 9, max_lines=2, placeholder=" …")
+            items.append(("event", [("  " + w, "") for w in wrapped]))
+    if excl:
+        items.append(("title", [("excluded nodes:", "bold")]))
+        items += [("excluded node", [("  " + x, "yellow")]) for x in excl]
+    budget = room if sum(len(item) for _, item in items) <= room else room - 1  # the summary takes a line
+    shown: list[tuple[str, list[tuple[str, str]]]] = []
+    hidden = {"event": 0, "excluded node": 0}
+    for kind, item in items:
+        if not any(hidden.values()) and sum(len(x) for _, x in shown) + len(item) <= budget:
+            shown.append((kind, item))
+        elif kind != "title":
+            hidden[kind] += 1
+    while shown and shown[-1][0] == "title":  # a heading with nothing under it
+        shown.pop()
+    lines += [line for _, item in shown for line in item]
+    if any(hidden.values()):
+        what = ", ".join(f"{n} {k}(s)" for k, n in hidden.items() if n)
+        lines.append((f"... {what} not shown: campaign status {detail['name']}", "dim"))
+    return Group(*(Text(text, style=style, no_wrap=True, overflow="ellipsis") for text, style in lines))

@@ -263,6 +263,7 @@ def client(argv: list[str]) -> int:
         try:
             _send(sock, _request(argv), [0, 1, 2])
             child = int(_recv(sock)["pid"])
+            _note_child(child)
         except TimeoutError:
             sock.close()
             _cold(argv, f"the server at {path} did not answer within {wait:.0f} s; "
@@ -301,6 +302,22 @@ def _replace_hung(path: Path) -> str:
     for stale in (path, path.with_suffix(".pid")):
         stale.unlink(missing_ok=True)
     return f"{killed}; the next launch starts a new server"
+
+
+def _note_child(child: int) -> None:
+    """Write the child's pid where the supervisor asked (CAMPAIGN_RANK_PIDFILE, local launcher):
+    the rank's real process, in its own process group, for `campaign inject` (a SIGSTOP sent
+    to this client would stop only the client; it cannot be relayed). Best effort."""
+    path = os.environ.get("CAMPAIGN_RANK_PIDFILE")
+    if not path:
+        return
+    try:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{child}\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def _die_by(sig: int) -> None:

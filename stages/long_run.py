@@ -131,10 +131,11 @@ def run(ctx: StageContext, stage: LongRunStage) -> Verdict:
     while True:
         confirming = bool(outcomes) and outcomes[-1].exit_class in exits.CONFIRM_ONCE
         every = checkpoint_every(ctx, stage)
+        before = ctx.attempts_made()  # this stage's attempts so far, earlier drivers' included
         outcome = ctx.launch(replace(targets, train={"checkpoint_every": every}), nodes=stage.nodes,
                              timeout_s=stage.timeout_s, watchdog=stage.watchdog, faults=tuple(stage.faults),
-                             label="" if not outcomes else "confirming retry" if confirming
-                             else f"relaunch {len(outcomes)}", rotate=1 if confirming else 0)
+                             label="" if not before else relaunch_label(before + 1, confirming),
+                             rotate=1 if confirming else 0)
         if confirming:
             outcome = ctx.confirm(outcomes[-1], outcome)
         if outcomes:
@@ -145,21 +146,32 @@ def run(ctx: StageContext, stage: LongRunStage) -> Verdict:
         stop = next_action(outcomes, stage, target_step=steps)
         if stop is not None:
             break
+        excluded_now: list[str] = []
         if outcome.suspects and stage.exclude_suspects and outcome.exit_class in ("stalled", "crashed_node"):
             budget = evidence.exclusion_budget(outcome.suspects, already_excluded=len(excluded),
                                                per_chain=stage.exclusion_budget)
-            excluded += ctx.exclude_suspects(outcome, hours=stage.exclusion_hours,
-                                             only=[s.node for s in budget.exclude])
+            excluded_now = ctx.exclude_suspects(outcome, hours=stage.exclusion_hours,
+                                                only=[s.node for s in budget.exclude])
+            excluded += excluded_now
             if budget.probe:
                 ctx.event("exclusion_budget", f"not excluded without a probe: {budget.reason}",
                           attempt_id=outcome.attempt_id, data={"probe": [s.node for s in budget.probe]})
         newest = contract.newest_complete(ctx.spec.trainer.checkpoints, ckpt)
         announced = newest["step"] if newest else 0
-        ctx.event("relaunch", f"relaunching after {outcome.exit_class} (exit {outcome.exit_code}"
-                  f"{', ' + outcome.report.stall if outcome.report.stall else ''}) "
-                  + relaunch_from(newest, outcome.last_step), attempt_id=outcome.attempt_id,
+        rescue = outcome.report.rescue or {}
+        rescued = bool(rescue.get("saved")) and newest is not None and newest.get("step") == rescue.get("step")
+        cause = relaunch_cause(outcome.exit_class)
+        drill = ctx.drill_of(outcome)
+        # What a person needs first (which relaunch, why, from where, what was lost), then the detail.
+        ctx.event("relaunch", f"relaunch {outcome.number} (attempt {outcome.number + 1}) after {cause}"
+                  f"{' (a drill)' if drill else ''}: " + relaunch_from(newest, outcome.last_step, rescued=rescued)
+                  + f" [{outcome.exit_class}, exit {outcome.exit_code}"
+                  f"{'; ' + outcome.report.stall if outcome.report.stall else ''}]",
+                  attempt_id=outcome.attempt_id,
                   data={"resume_step": announced, "steps_lost": max((outcome.last_step or 0) - (announced or 0), 0)
-                        if announced is not None else None, "exit_class": outcome.exit_class})
+                        if announced is not None else None, "exit_class": outcome.exit_class, "cause": cause,
+                        "relaunch": outcome.number, "attempt": outcome.number + 1, "rescued": rescued,
+                        "last_step": outcome.last_step, "drill": drill, "excluded": excluded_now})
         if outcome.exit_class == "crashed_systemic" and stage.backoff_s:
             systemic = sum(1 for o in outcomes if o.exit_class == "crashed_systemic")
             time.sleep(stage.backoff_s * 2 ** (systemic - 1))
@@ -224,14 +236,30 @@ def _no_progress(outcomes: list[Any], k: int) -> bool:
     return all((o.last_step or 0) <= before for o in outcomes[-k:])
 
 
-def relaunch_from(newest: dict[str, Any] | None, last_step: int | None) -> str:
+CAUSES = {"stalled": "hang", "timed_out": "timeout", "crashed_node": "crash", "crashed_unknown": "crash",
+          "crashed_systemic": "crash", "block_lost": "node lost", "walltime": "walltime", "orphaned": "driver lost"}
+"""What a relaunch followed, in a word (status, events, the campaign's plot): by exit class."""
+
+
+def relaunch_cause(exit_class: str | None) -> str:
+    return CAUSES.get(exit_class or "", exit_class or "fault")
+
+
+def relaunch_label(number: int, confirming: bool = False) -> str:
+    """The label of attempt `number` of a long run after a fault: `relaunch K` is attempt
+    K + 1, everywhere (status, events, plots, export)."""
+    return f"relaunch {number - 1}" + (", confirming retry" if confirming else "")
+
+
+def relaunch_from(newest: dict[str, Any] | None, last_step: int | None, *, rescued: bool = False) -> str:
     """`from the checkpoint of step 200; 113 step(s) lost`, or what is known when the
     checkpoint's step is not (a file named without one, saved before any step was read)."""
     if newest is None:
         return f"from scratch (no complete checkpoint); {last_step or 0} step(s) lost"
     if newest["step"] is None:
         return f"from {newest['path']} (its step is known once the trainer reports)"
-    return f"from the checkpoint of step {newest['step']}; {max((last_step or 0) - newest['step'], 0)} step(s) lost"
+    what = "the rescue checkpoint" if rescued else "the checkpoint"
+    return f"from {what} of step {newest['step']}; {max((last_step or 0) - newest['step'], 0)} step(s) lost"
 
 
 def _check_resumed(ctx: StageContext, before: AttemptOutcome, after: AttemptOutcome, announced: int | None) -> None:

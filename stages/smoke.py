@@ -49,6 +49,9 @@ def judge(result: dict[str, Any], *, expected_ranks: int, steps: int, startup_ex
     the trainer writes startup.json (False for `progress: stdout`: every rank exiting 0 with
     finite losses is then the evidence, and the verdict says what was not checked)."""
     numbers: dict[str, Any] = {"expected_ranks": expected_ranks, "exit_code": result.get("exit_code")}
+    if expected_ranks == 0:  # nothing was launched (too few usable nodes): say why, not "an all-reduce over 0 ranks"
+        run_dir = f" (run directory {result['run_dir']})" if result.get("run_dir") else ""
+        return Verdict(False, f"no rank was launched: {result.get('error') or 'no usable node'}{run_dir}", numbers)
     if not startup_expected and not result.get("startup"):
         return _judge_exits(result, numbers, expected_ranks, steps)
     startup = result.get("startup") or {}

@@ -11,7 +11,7 @@
   database per test module, emptied before each test (its ``public`` schema dropped and
   recreated, other connections to it terminated first), which is much cheaper than
   CREATE DATABASE per test.
-* ``run_cli`` (function): ``run_cli("status", "--json", ...) -> (code, stdout, stderr)``;
+* ``run_cli`` (function): ``run_cli("status", "--json", ..., input=None) -> (code, stdout, stderr)``;
   in-process through click's CliRunner by default, or ``subprocess=True`` for a real
   ``python -m campaign.cli`` process. CAMPAIGN_DB_URL / CAMPAIGN_WORKDIR are cleared.
 * ``lease_holder`` (function): ``lease_holder(url, name, create=False) -> Popen``: a real
@@ -219,24 +219,26 @@ def run_cli(monkeypatch: pytest.MonkeyPatch) -> Callable[..., CliResult]:
         monkeypatch.delenv(var, raising=False)
 
     def run(*args: str | os.PathLike[str], subprocess: bool = False, cwd: str | os.PathLike[str] | None = None,
-            env: dict[str, str] | None = None, timeout: float = 60) -> CliResult:
+            env: dict[str, str] | None = None, timeout: float = 60, input: str | None = None) -> CliResult:
         argv = [str(a) for a in args]
         if subprocess:
-            return _run_process(argv, cwd, env, timeout)
-        return _run_in_process(argv, cwd, env, monkeypatch)
+            return _run_process(argv, cwd, env, timeout, input)
+        return _run_in_process(argv, cwd, env, monkeypatch, input)
 
     return run
 
 
-def _run_process(argv: list[str], cwd: Any, env: dict[str, str] | None, timeout: float) -> CliResult:
+def _run_process(argv: list[str], cwd: Any, env: dict[str, str] | None, timeout: float,
+                 input: str | None = None) -> CliResult:
     full_env = {k: v for k, v in os.environ.items() if k not in _CAMPAIGN_ENV}
     full_env.update(env or {})
     proc = subprocess.run([sys.executable, "-m", "campaign.cli", *argv], capture_output=True, text=True,
-                          cwd=cwd, env=full_env, timeout=timeout)
+                          cwd=cwd, env=full_env, timeout=timeout, input=input)
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def _run_in_process(argv: list[str], cwd: Any, env: dict[str, str] | None, monkeypatch: pytest.MonkeyPatch) -> CliResult:
+def _run_in_process(argv: list[str], cwd: Any, env: dict[str, str] | None, monkeypatch: pytest.MonkeyPatch,
+                    input: str | None = None) -> CliResult:
     from click.testing import CliRunner
 
     from campaign.cli import main
@@ -244,7 +246,7 @@ def _run_in_process(argv: list[str], cwd: Any, env: dict[str, str] | None, monke
     with monkeypatch.context() as m:
         if cwd is not None:
             m.chdir(cwd)
-        result = CliRunner(env=env).invoke(main, argv, catch_exceptions=False)
+        result = CliRunner(env=env).invoke(main, argv, catch_exceptions=False, input=input)
     return result.exit_code, result.stdout, result.stderr
 
 

@@ -4,7 +4,7 @@
     campaign 1─* stage_run 1─* attempt 1─* step_metric
                                       1─* checkpoint
     campaign 1─* event (append-only history; stage_run / attempt optional)
-    exclusion (per site and node: reason, evidence, expiry)
+    exclusion (per site and node: reason, evidence, expiry; a drill's: one campaign only)
     lease (one per campaign: the driver process driving it now)
 
 Current state lives on the row (`state`, counters such as `tokens` and `last_loss`, kept
@@ -120,6 +120,8 @@ class Attempt(Timestamped, Base):
     ranks_per_node: Mapped[int] = mapped_column(default=1)
     run_dir: Mapped[str] = mapped_column(Text)
     label: Mapped[str] = mapped_column(String(64), default="")
+    # The step the attempt trains to (what `status` shows as step/target and its ETA from).
+    target_steps: Mapped[int | None]
     first_step: Mapped[int | None]
     last_step: Mapped[int | None]
     tokens: Mapped[int] = mapped_column(BigInteger, default=0)
@@ -170,7 +172,8 @@ class Checkpoint(Timestamped, Base):
 
 
 class Exclusion(Timestamped, Base):
-    """A node not to use on a site: why, the evidence, and until when."""
+    """A node not to use on a site: why, the evidence, and until when. `campaign_id` set:
+    only that campaign avoids the node (a drill's exclusion), and it goes with the campaign."""
 
     __tablename__ = "exclusion"
     __table_args__ = (Index("ix_exclusion_site_node", "site", "node"),)
@@ -180,6 +183,7 @@ class Exclusion(Timestamped, Base):
     reason: Mapped[str] = mapped_column(Text)
     evidence: Mapped[dict[str, Any]] = mapped_column(default=dict)
     attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempt.id", ondelete="SET NULL"))
+    campaign_id: Mapped[int | None] = mapped_column(ForeignKey("campaign.id", ondelete="CASCADE"), index=True)
     expires: Mapped[dt.datetime | None]
     lifted: Mapped[dt.datetime | None]
 

@@ -48,11 +48,16 @@ def list_steps(s: Session, attempt_id: int) -> Sequence[StepMetric]:
     return s.scalars(q).all()
 
 
-def list_exclusions(s: Session, site: str | None = None, *, active: bool = True,
-                    now: dt.datetime | None = None) -> Sequence[Exclusion]:
+def list_exclusions(s: Session, site: str | None = None, *, active: bool = True, now: dt.datetime | None = None,
+                    for_campaign: int | None = None) -> Sequence[Exclusion]:
+    """Exclusions on `site` (every site if None), active ones only unless `active` is false.
+    `for_campaign`: those that bind that campaign (site-wide ones and its own drills'); None:
+    every scope (what `campaign nodes list` shows)."""
     q = sa.select(Exclusion)
     if site is not None:
         q = q.where(Exclusion.site == site)
+    if for_campaign is not None:
+        q = q.where(sa.or_(Exclusion.campaign_id.is_(None), Exclusion.campaign_id == for_campaign))
     if active:
         now = now or utcnow()
         q = q.where(Exclusion.lifted.is_(None), sa.or_(Exclusion.expires.is_(None), Exclusion.expires > now))
@@ -175,6 +180,19 @@ def list_news(s: Session, c: Campaign, *, limit: int = 10) -> Sequence[Event]:
     return list(reversed(s.scalars(q).all()))
 
 
+def list_stage_events(s: Session, run: StageRun, kinds: Sequence[str]) -> Sequence[Event]:
+    """The events of kinds `kinds` of one stage run, oldest first."""
+    q = sa.select(Event).where(Event.stage_run_id == run.id, Event.kind.in_(list(kinds))).order_by(Event.id)
+    return s.scalars(q).all()
+
+
+def get_step_rows(s: Session, attempt_id: int, steps: Sequence[int]) -> dict[int, StepMetric]:
+    """The step rows of `steps` of one attempt, by the (attempt_id, step) unique index: a
+    point lookup each, never a scan (status reads two per running attempt for its rate)."""
+    q = sa.select(StepMetric).where(StepMetric.attempt_id == attempt_id, StepMetric.step.in_(list(steps)))
+    return {m.step: m for m in s.scalars(q)}
+
+
 def sample_steps(s: Session, attempts: Sequence[Attempt], *, max_points: int = 4000,
                  columns: Sequence[str] = ("loss",)) -> dict[int, list[tuple[Any, ...]]]:
     """(step, tokens, *columns) rows per attempt id, at most about `max_points` in all.
@@ -245,7 +263,7 @@ def iter_campaign_steps(s: Session, c: Campaign, *, batch: int = 10_000) -> Iter
 def list_campaign_nodes(s: Session, c: Campaign) -> list[dict[str, Any]]:
     """Per node the campaign used: attempts on it, failed ones, times named a suspect, and
     its active exclusion on the campaign's site (if any)."""
-    excluded = {e.node: e for e in list_exclusions(s, c.site)}
+    excluded = {e.node: e for e in list_exclusions(s, c.site, for_campaign=c.id)}
     nodes: dict[str, dict[str, Any]] = {}
     for _, a in list_attempts(s, c):
         for n in a.nodes or []:

@@ -75,6 +75,8 @@ def set_stage_state(s: Session, run: StageRun, state: str, *, verdict: str | Non
         run.finished = now
     if verdict is not None:
         run.verdict = verdict
+    elif state == "running":
+        run.verdict = None  # an earlier run's verdict (a cancel's, say) is no longer what the stage says
     if numbers is not None:
         run.numbers = jsonable(numbers)
     add_event(s, run.campaign, "stage_state", f"stage {run.name}: {run.state} -> {state}" + (f": {verdict}" if verdict else ""),
@@ -83,10 +85,10 @@ def set_stage_state(s: Session, run: StageRun, state: str, *, verdict: str | Non
 
 
 def create_attempt(s: Session, run: StageRun, *, nodes: list[str], ranks_per_node: int, run_dir: str,
-                   label: str = "", tokens_base: int = 0) -> Attempt:
+                   label: str = "", tokens_base: int = 0, target_steps: int | None = None) -> Attempt:
     run.attempts_count += 1
     a = Attempt(stage_run_id=run.id, number=run.attempts_count, nodes=nodes, ranks_per_node=ranks_per_node,
-                run_dir=run_dir, label=label, tokens_base=tokens_base)
+                run_dir=run_dir, label=label, tokens_base=tokens_base, target_steps=target_steps)
     s.add(a)
     s.flush()
     add_event(s, run.campaign, "attempt_started", f"stage {run.name} attempt {a.number}{' ' + label if label else ''} "
@@ -199,9 +201,13 @@ def record_checkpoint(s: Session, run: StageRun, a: Attempt | None, *, step: int
 
 
 def exclude_node(s: Session, *, site: str, node: str, reason: str, evidence: dict[str, Any] | None = None,
-                 attempt: Attempt | None = None, expires: dt.datetime | None = None) -> Exclusion:
+                 attempt: Attempt | None = None, expires: dt.datetime | None = None,
+                 campaign: Campaign | None = None) -> Exclusion:
+    """Exclude `node` on `site`: from every campaign there, or only from `campaign` (a
+    drill's exclusion: deleted with the campaign)."""
     ex = Exclusion(site=site, node=node, reason=reason, evidence=jsonable(evidence or {}),
-                   attempt_id=attempt.id if attempt else None, expires=expires)
+                   attempt_id=attempt.id if attempt else None, expires=expires,
+                   campaign_id=campaign.id if campaign else None)
     s.add(ex)
     return ex
 

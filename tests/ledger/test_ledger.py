@@ -573,7 +573,7 @@ def test_nodes_commands(tmp_path: Path, run_cli) -> None:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     code, out, err = run_cli("nodes", "exclude", "n3", "--site", "local", "--reason", "ECC errors", "--hours", "2",
                              "--db", url)
-    assert (code, out) == (0, "excluded n3 on local for 2 h\n")
+    assert (code, out) == (0, "excluded n3 on local for 2 h; lift: campaign nodes include n3 --site local\n")
     code, out, err = run_cli("nodes", "list", "--db", url)
     assert code == 0 and "n3" in out and "ECC errors" in out
     code, out, err = run_cli("nodes", "include", "n3", "--site", "local", "--db", url)
@@ -617,3 +617,37 @@ def test_listeners_get_each_committed_event_once_and_none_of_a_rolled_back_try(l
         replayed = [r for r in reads.list_event_records(s, c) if r["id"] in {e["id"] for e in heard}]
     assert replayed == heard, "ledger export replays the same records the driver heard"
     assert dt.datetime.fromisoformat(heard[0]["time"]).tzinfo is not None
+
+
+def test_scoped_exclusions_across_0004(ledger_url: str) -> None:
+    """0004 scopes a drill's exclusion to its campaign. Upgrading keeps older exclusions
+    site-wide; a scoped one binds its campaign only and goes with it; downgrading lifts the
+    scoped ones (an older release would read them as the whole site's) and keeps the rest."""
+    led = open_ledger(ledger_url)
+    try:
+        _new_campaign(led, "a")
+        _new_campaign(led, "b")
+        with led.session() as s:
+            a, b = reads.get_campaign(s, "a"), reads.get_campaign(s, "b")
+            writes.exclude_node(s, site="local", node="n-site", reason="real fault")
+            writes.exclude_node(s, site="local", node="n-drill", reason="drill", campaign=a)
+        with led.session() as s:
+            a, b = reads.get_campaign(s, "a"), reads.get_campaign(s, "b")
+            assert [e.node for e in reads.list_exclusions(s, "local", for_campaign=a.id)] == ["n-drill", "n-site"]
+            assert [e.node for e in reads.list_exclusions(s, "local", for_campaign=b.id)] == ["n-site"]
+            assert summarize_campaign(s, b)["excluded_nodes"] == ["n-site"]
+        schema.downgrade(led.engine, "0003")
+        with led.engine.connect() as conn:
+            rows = dict(conn.execute(sa.text("SELECT node, lifted IS NOT NULL FROM exclusion")).all())
+        assert rows == {"n-site": False, "n-drill": True}
+        schema.upgrade(led.engine)
+        with led.session() as s:
+            assert [e.node for e in reads.list_exclusions(s, "local")] == ["n-site"]
+            assert all(e.campaign_id is None for e in reads.list_exclusions(s, "local", active=False))
+            writes.exclude_node(s, site="local", node="n-drill2", reason="drill", campaign=reads.get_campaign(s, "a"))
+        with led.session() as s:
+            writes.delete_campaign(s, reads.get_campaign(s, "a"))
+        with led.session() as s:
+            assert [e.node for e in reads.list_exclusions(s, "local", active=False)] == ["n-drill", "n-site"]
+    finally:
+        led.close()

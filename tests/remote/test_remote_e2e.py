@@ -97,7 +97,7 @@ def test_submit_detach_status_plot_export_cancel(endpoint: FakeEndpoint, run_cli
     code, out, err = run_cli("plot", "remote-demo", "--out", plots, *on_ep)
     assert code == 0, out + err
     png = Path(out.strip())
-    assert png == plots / "remote-demo-progress.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png == plots / "remote-demo-run.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     code, out, err = run_cli("cancel", "remote-demo", *on_ep)
     assert code == 0, out + err

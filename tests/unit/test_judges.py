@@ -60,6 +60,15 @@ class TestSmoke:
         v = smoke.judge(self.result(), expected_ranks=2, steps=3)
         assert v.passed and "2/2 ranks reported" in v.reason
 
+    def test_nothing_launched_says_why_not_an_all_reduce_over_0_ranks(self) -> None:
+        """Issue 40: with every node excluded the verdict read "all-reduce over 0 ranks
+        returned None, expected exactly None"."""
+        r = self.result(exit_code=None, exit_class="crashed_systemic", startup=None, metrics=[], run_dir="/w/a",
+                        error="too few usable nodes: 2 asked, 1 left (excluded: local-n1)")
+        v = smoke.judge(r, expected_ranks=0, steps=3)
+        assert not v.passed and v.reason == ("no rank was launched: too few usable nodes: 2 asked, 1 left "
+                                             "(excluded: local-n1) (run directory /w/a)")
+
     def test_missing_rank_fails_naming_it(self) -> None:
         r = self.result(startup={"ranks": [{"rank": 0}], "allreduce": {"got": 3.0, "expected": 3.0}},
                         suspects=[{"node": "n1", "reason": "no heartbeat"}])

@@ -210,7 +210,8 @@ def test_examples_load(example: Path) -> None:
 
 def test_local_example_is_what_the_docs_say() -> None:
     s = spec.load(REPO / "examples" / "local.yaml")
-    assert (s.name, s.site.kind, s.site.nodes) == ("local-demo", "local", 2)
+    assert (s.name, s.site.kind, s.site.nodes) == ("local-demo", "local", 3)  # 2 active in each stage, a spare
+    assert [st.nodes for st in s.stages] == [None, 2, None, 2, 2]
     assert [st.resolved_name for st in s.stages][:1] == ["smoke"]
 
 

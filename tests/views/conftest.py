@@ -72,10 +72,14 @@ def build_demo(led: Ledger) -> None:
         writes.finish_attempt(s, a1, state="stalled", exit_code=124, suspects=suspects, summary={"killed_by": "watchdog"})
         writes.exclude_node(s, site="local", node="local-n1", reason="stalled: no heartbeat for 30 s", attempt=a1,
                             evidence={"attempt": a1.id})
-        writes.add_event(s, c, "node_excluded", "excluded local-n1: no heartbeat for 30 s", stage_run=long_run, attempt=a1)
-        writes.add_event(s, c, "relaunch", "long-run: relaunch 2 from checkpoint step 40 (after stalled)", stage_run=long_run)
+        writes.add_event(s, c, "node_excluded", "excluded local-n1 on site local: no heartbeat for 30 s",
+                         stage_run=long_run, attempt=a1, data={"node": "local-n1"})
+        writes.add_event(s, c, "relaunch", "relaunch 1 (attempt 2) after hang: from the checkpoint of step 40; "
+                         "20 step(s) lost [stalled, exit 124]", stage_run=long_run, attempt=a1,
+                         data={"relaunch": 1, "attempt": 2, "cause": "hang", "exit_class": "stalled", "resume_step": 40,
+                               "steps_lost": 20, "rescued": False, "last_step": 60, "excluded": ["local-n1"]})
         a2 = writes.create_attempt(s, long_run, nodes=["local-n0", "local-n2"], ranks_per_node=1, run_dir="/w/long/a2",
-                                   tokens_base=0)
+                                   tokens_base=0, label="relaunch 1", target_steps=100)
         writes.ingest_steps(s, a2, steps(41, 100, offset=0.01))
         writes.finish_attempt(s, a2, state="succeeded", exit_code=0, suspects=[], summary={})
         writes.set_stage_state(s, long_run, "passed", verdict="reached 51,200 tokens (step 100) in 2 attempt(s); final loss 1.2100",

@@ -75,7 +75,7 @@ def test_the_page_holds_every_table_and_its_plots_inline(demo_url, tmp_path):
     for want in ("2/2 ranks reported; all-reduce 3 == 3; 5 steps, loss finite",  # a verdict
                  "efficiency at 2 node(s) 0.82", "stalled", "suspect node local-n1: no heartbeat for 30 s",
                  "stalled: no heartbeat for 30 s",  # the exclusion
-                 "long-run: relaunch 2 from checkpoint step 40 (after stalled)", "24,981",  # an event, the scaling table
+                 "relaunch 1 (attempt 2) after hang: from the checkpoint of step 40", "24,981",  # an event, the scaling table
                  "3 of 3 stages passed · 5 attempts · 1 fault · 1 excluded node"):
         assert want in page.text, want
     # nothing to fetch: every src is inline, every link a fragment, and the policy forbids the rest

@@ -71,7 +71,7 @@ def test_plot_refuses_a_path_as_name(run_cli, tmp_path: Path) -> None:
 def test_plot_accepts_wildcards(run_cli, demo_url: str, tmp_path: Path) -> None:
     code, out, err = run_cli("plot", "demo-*", "--db", demo_url, "--out", tmp_path / "plots")
     assert code == 0, out + err
-    assert Path(out.strip()) == tmp_path / "plots" / "demo-run-progress.png"
+    assert Path(out.strip()) == tmp_path / "plots" / "demo-run-run.png"
 
 
 def test_plot_never_writes_outside_out_for_a_bad_name_already_in_the_ledger(run_cli, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from campaign.views import campaign_detail, campaigns_table
 
 STAGE_KEYS = {"name", "kind", "state", "attempts", "tokens", "last_loss", "verdict", "goodput", "checkpoint_interval"}
 DETAIL_KEYS = {"site", "version", "updated", "attempts_detail", "stage_numbers", "exclusions", "scaling", "events",
-               "warnings"}
+               "warnings", "driver", "running"}
 
 
 def render(renderable: Any) -> str:
@@ -100,8 +100,8 @@ def _drive(p: Progress, clock: list[float]) -> None:
     p.attempt_finished("long-run", 1, {"exit_class": "stalled", "exit_code": 124, "duration_s": 16.0, "last_step": 60,
                                        "nodes": ["local-n0", "local-n1"],
                                        "suspects": [{"node": "local-n1", "reason": "no heartbeat"}]})
-    p.event("excluded local-n1: no heartbeat")
-    p.event("relaunch 2 of long-run from checkpoint step 40")
+    p.event("excluded local-n1 on site local for 24 h: no heartbeat; lift: campaign nodes include local-n1 --site local")
+    p.event("relaunch 1 (attempt 2) after hang: from the checkpoint of step 40; 20 step(s) lost [stalled, exit 124]")
     p.attempt_started("long-run", 2, 2, 100, "")
     for step in (41, 100):
         clock[0] += 4.0
@@ -129,7 +129,7 @@ def test_progress_on_a_terminal_draws_bars_and_events() -> None:
     p = Progress(out, force_terminal=True, clock=lambda: clock[0])
     _drive(p, clock)
     text = out.getvalue()
-    assert "relaunch 2 of long-run" in text and "excluded local-n1" in text and "long-run #2" in text
+    assert "relaunch 1 (attempt 2) after hang" in text and "excluded local-n1" in text and "long-run #2" in text
     assert p._bars is None  # stopped at the end of the campaign
 
 
@@ -141,7 +141,8 @@ def test_campaigns_table_renders_rows() -> None:
 
 def test_the_attempts_table_shows_each_label_once() -> None:
     """A relaunch's own label ("relaunch 1", "confirming retry") is shown as it is (it was
-    printed "relaunch relaunch 1"); an unlabelled attempt after a failed one reads "relaunch"."""
+    printed "relaunch relaunch 1"); an unlabelled attempt after a failed one reads "relaunch K"
+    for attempt K + 1, the one numbering status, events, plots and export share."""
     from rich.console import Console
 
     from campaign.views import attempts_table
@@ -156,4 +157,4 @@ def test_the_attempts_table_shows_each_label_once() -> None:
     text = console.export_text()
     assert "relaunch relaunch" not in text and "relaunch confirming" not in text
     assert "relaunch 1" in text and "confirming retry" in text
-    assert [line.split("│")[3].strip() for line in text.splitlines() if line.startswith("│")][-1] == "relaunch"
+    assert [line.split("│")[3].strip() for line in text.splitlines() if line.startswith("│")][-1] == "relaunch 3"
