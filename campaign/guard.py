@@ -91,10 +91,26 @@ def _signal(groups: set[int], sig: int) -> None:
             groups.discard(pgid)
 
 
-def _prune(groups: set[int]) -> None:
+def _prune(groups: set[int], *, zombies_gone: bool = False) -> None:
+    """Drop the groups that have no member left (`zombies_gone`: none but zombies, which run no
+    code; their parent, maybe a dead supervisor's, reaps them when it can)."""
     for pgid in list(groups):
-        if not group_alive(pgid):
+        if not group_alive(pgid) or (zombies_gone and not _live_members(pgid)):
             groups.discard(pgid)
+
+
+def _live_members(pgid: int) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            found.append(int(proc.name))
+    return found
 
 
 def _write_gone(run_dir: Path, how: str, pgids: list[int], started: float) -> None:
@@ -128,12 +144,12 @@ def guard(run_dir: Path, pgids: list[int]) -> str:
         end = time.monotonic() + TERM_GRACE_S
         while groups and time.monotonic() < end:
             time.sleep(0.05)
-            _prune(groups)
+            _prune(groups, zombies_gone=True)
         _signal(groups, signal.SIGKILL)
     end = time.monotonic() + GONE_WAIT_S
     while (groups or working_in(run_dir)) and time.monotonic() < end:
         time.sleep(0.05)
-        _prune(groups)
+        _prune(groups, zombies_gone=True)
     left = sorted(groups) + working_in(run_dir)
     if left:
         print(f"campaign.guard: processes of the launch still run after SIGKILL: {left}", file=sys.stderr)

@@ -178,8 +178,9 @@ def stop_orphan(run_dir: Path, site: Site, *, confirm_s: float | None = None) ->
     its supervisor says it stopped within `confirm_s` while its files still change."""
     confirm_s = CONFIRM_S if confirm_s is None else confirm_s
     existed = run_dir.is_dir()
-    run_dir.mkdir(parents=True, exist_ok=True)  # the run directory deleted under the attempt: ours to recreate
-    (run_dir / STOP_FILE).touch()  # a supervisor or guard that still lives stops the launch
+    if existed or run_dir.parent.parent.is_dir():  # deleted under the attempt: ours to make again, in its campaign's folder
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / STOP_FILE).touch()  # a supervisor or guard that still lives stops the launch
     here = socket.gethostname()
     start = last_change = time.monotonic()
     seen = _activity(run_dir)

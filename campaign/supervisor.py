@@ -180,7 +180,8 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
     # Say a launch may start before looking for STOP: a driver that writes STOP and then finds
     # no pids.json knows no launch will start (campaign.recovery.stop_orphan).
     report.write_json_atomic(run_dir / PIDS_FILE, {"host": socket.gethostname(), "pgids": [], "starting": True,
-                                                   "attempt": request.attempt})
+                                                   "block_job_id": os.environ.get("PBS_JOBID")
+                                                   or os.environ.get("SLURM_JOB_ID"), "attempt": request.attempt})
     if (run_dir / STOP_FILE).exists():
         out = AttemptReport(exit_code=exits.SIGTERM, exit_class="cancelled", duration_s=0.0, nodes=active,
                             allocation=allocation, spares=spares, killed_by="stop",

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from e2e_helpers import Workspace, ledger_view, tiny_spec
-from test_driver_faults import finish, long_run, trainers_of, wait_for_steps
+from test_driver_faults import finish, long_run, processes_naming, trainers_of, wait_for_steps
 
 pytestmark = pytest.mark.slow
 
@@ -128,3 +128,52 @@ def test_a_take_over_from_another_host_stops_the_old_launch_before_relaunching(w
     left = [d for i in (1, 2) for node in ("local-n0", "local-n1", "local-n2")
             if (d := _node_local_dir(str(ws.workdir / "takeover" / "long" / f"attempt-{i:03d}"), node, str(i))).exists()]
     assert left == [], f"node-local state left in /dev/shm: {left}"
+
+
+def test_cancel_after_the_driver_died_stops_its_ranks_and_records_cancelled(ws: Workspace) -> None:
+    """Before: "the driver is gone; campaign resume recovers it" while the ranks trained on, and a
+    user who wanted the allocation back had only `resume` (which trains on) or kill by hand."""
+    spec = ws.write_spec(tiny_spec("cancelgone", [long_run(steps=STEPS, checkpoint_every=10, faults=[SLOW])]))
+    p = ws.popen("submit", str(spec), CAMPAIGN_ALLOW_FAULTS="1")
+    first = ws.workdir / "cancelgone" / "long" / "attempt-001"
+    wait_for_steps(first / "metrics.jsonl", 10)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    r = ws.cli("cancel", "cancelgone")
+    assert r.code == 0 and r.out.strip().endswith("cancelgone: cancelled"), r.out + r.err
+    assert "Traceback" not in r.out + r.err
+    assert trainers_of(first) == [], "cancel stopped the dead driver's ranks"
+    assert processes_naming(str(ws.workdir / "cancelgone" / "parsl")) == [], "and its Parsl processes"
+    view = ledger_view(ws, "cancelgone")
+    assert view["attempts"][0]["state"] == "cancelled"
+    assert [s for s, _ in view["attempts"][0]["steps"]] == [row["step"] for row in _rows(first / "metrics.jsonl")]
+    assert ws.status("cancelgone")["state"] == "cancelled"
+    r = ws.cli("resume", "cancelgone", CAMPAIGN_ALLOW_FAULTS="1")  # and resume continues it
+    assert r.code == 0, r.out + r.err
+    view = ledger_view(ws, "cancelgone")
+    assert view["stage"] == "passed"
+    assert {s for a in view["attempts"] for s, _ in a["steps"]} == set(range(1, STEPS + 1)), "rows lost"
+
+
+def test_resume_after_the_run_directory_was_deleted_passes(ws: Workspace) -> None:
+    """The driver killed and the running attempt's run directory deleted. Before: every
+    `resume` crashed (FileNotFoundError on STOP); after a mkdir, every resume failed the stage.
+    Now resume makes the folder again, stops the old ranks (found by their run directory),
+    adopts the checkpoints and relaunches from the newest complete one."""
+    spec = ws.write_spec(tiny_spec("rmrun", [long_run(steps=120, checkpoint_every=10, faults=[SLOW])]))
+    p = ws.popen("submit", str(spec), CAMPAIGN_ALLOW_FAULTS="1")
+    first = ws.workdir / "rmrun" / "long" / "attempt-001"
+    wait_for_steps(first / "metrics.jsonl", 25)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    shutil.rmtree(first)
+    r = ws.cli("resume", "rmrun", CAMPAIGN_ALLOW_FAULTS="1")
+    assert r.code == 0, r.out + r.err
+    assert "Traceback" not in r.out + r.err
+    assert trainers_of(first) == []
+    view = ledger_view(ws, "rmrun")
+    assert view["stage"] == "passed", view["verdict"]
+    assert view["attempts"][0]["state"] == "orphaned" and view["attempts"][0]["summary"]["adopted"]["checkpoints"] >= 1
+    assert view["exclusions"] == []
+    last = view["attempts"][-1]["steps"][-1]
+    assert last[0] == 120 and view["tokens"] == last[1]
