@@ -163,6 +163,11 @@ SILENT_S = 30.0
 for this long (every rank of the contract beats each second) is taken for gone, and said so."""
 
 
+STARTING_S = 2.0
+"""A pids.json of this host still `starting` this long after the STOP file: its supervisor,
+which records the launch's groups right after starting it, is gone."""
+
+
 class LaunchStillRunning(CampaignConflict):
     """An earlier launch of the stage may still train, on a host this driver cannot reach, and
     nothing says it stopped: relaunching would put two launches in one checkpoint folder."""
@@ -198,12 +203,16 @@ def stop_orphan(run_dir: Path, site: Site, *, confirm_s: float | None = None) ->
         if gone is not None:
             _remove_node_local(run_dir, str(pids.get("attempt", "")))
             return gone
+        now = time.monotonic()
         if pids.get("host") == here and pgids:
             killed = [pgid for pgid in pgids if _kill_group(pgid, run_dir)]
             _wait_gone(working_in(run_dir), GONE_WAIT_S)  # warm-start children: their server ends them
             _remove_node_local(run_dir, str(pids.get("attempt", "")))
             return f"killed {len(killed)} process group(s)" if killed else "its processes had already exited"
-        now = time.monotonic()
+        if pids.get("host") == here and now - start > STARTING_S:  # its supervisor died as it launched
+            found = _kill_by_run_dir(run_dir)
+            _remove_node_local(run_dir, str(pids.get("attempt", "")))
+            return f"its supervisor died as it launched; killed {len(found)} process(es) of the launch"
         if (current := _activity(run_dir)) != seen:
             seen, last_change = current, now
         if now - last_change >= min(SILENT_S, confirm_s) and now - start >= confirm_s:
@@ -225,6 +234,23 @@ def _stop_unrecorded(run_dir: Path, site: Site, confirm_s: float) -> str:
     host, found by their run directory (environment or working directory); on a batch site,
     whose launch may run on another node, wait for its guard's word (it reads STOP at the
     same path, made again here)."""
+    found = _kill_by_run_dir(run_dir)
+    what = f"its run directory was gone (made again); killed {len(found)} process(es) of its launch here" if found \
+        else "its run directory was gone (made again); no process of its launch runs on this host"
+    if found or site.node_names() is not None:  # the local site: every node is this host
+        return what
+    end = time.monotonic() + confirm_s
+    while time.monotonic() < end:
+        gone = _read_json(run_dir / LAUNCH_GONE)
+        if gone is not None:
+            return f"{what}; its guard on {gone.get('host')} stopped it"
+        time.sleep(0.25)
+    return f"{what}; none answered from another node within {confirm_s:.0f} s"
+
+
+def _kill_by_run_dir(run_dir: Path) -> list[int]:
+    """SIGKILL the process groups of this host's processes of `run_dir`'s launch and wait until
+    they are gone; the processes found."""
     found = _processes_of(run_dir)
     groups = set()
     for pid in found:
@@ -239,17 +265,7 @@ def _stop_unrecorded(run_dir: Path, site: Site, confirm_s: float) -> str:
         except ProcessLookupError:
             pass
     _wait_gone(found, GONE_WAIT_S)
-    what = f"its run directory was gone (made again); killed {len(found)} process(es) of its launch here" if found \
-        else "its run directory was gone (made again); no process of its launch runs on this host"
-    if found or site.node_names() is not None:  # the local site: every node is this host
-        return what
-    end = time.monotonic() + confirm_s
-    while time.monotonic() < end:
-        gone = _read_json(run_dir / LAUNCH_GONE)
-        if gone is not None:
-            return f"{what}; its guard on {gone.get('host')} stopped it"
-        time.sleep(0.25)
-    return f"{what}; none answered from another node within {confirm_s:.0f} s"
+    return found
 
 
 def _processes_of(run_dir: Path) -> list[int]:

@@ -148,6 +148,10 @@ def test_cancel_after_the_driver_died_stops_its_ranks_and_records_cancelled(ws: 
     assert view["attempts"][0]["state"] == "cancelled"
     assert [s for s, _ in view["attempts"][0]["steps"]] == [row["step"] for row in _rows(first / "metrics.jsonl")]
     assert ws.status("cancelgone")["state"] == "cancelled"
+    assert view["exclusions"] == []
+    from campaign.report import _node_local_dir
+
+    assert not any(_node_local_dir(str(first), node, "1").exists() for node in ("local-n0", "local-n1", "local-n2"))
     r = ws.cli("resume", "cancelgone", CAMPAIGN_ALLOW_FAULTS="1")  # and resume continues it
     assert r.code == 0, r.out + r.err
     view = ledger_view(ws, "cancelgone")
@@ -177,3 +181,6 @@ def test_resume_after_the_run_directory_was_deleted_passes(ws: Workspace) -> Non
     assert view["exclusions"] == []
     last = view["attempts"][-1]["steps"][-1]
     assert last[0] == 120 and view["tokens"] == last[1]
+    missing = set(range(1, 121)) - {s for a in view["attempts"] for s, _ in a["steps"]}
+    assert len(missing) <= 20, f"rows lost beyond what went with the folder: {sorted(missing)}"
+    print(f"rows lost with the deleted folder: {len(missing)}")
