@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from campaign.rundir import LAUNCH_GONE, LOGS_DIR, STOP_FILE
 
@@ -42,15 +43,24 @@ GONE_WAIT_S = 30.0
 gives up (and writes no proof: the new driver then refuses to relaunch)."""
 
 
-def start(run_dir: Path, pgids: list[int]) -> subprocess.Popen[bytes]:
-    """Start the guard of a launch whose process groups are `pgids` (the supervisor calls it)."""
-    log = open(run_dir / LOGS_DIR / "guard.log", "ab")
+def start(run_dir: Path, pgids: list[int]) -> subprocess.Popen[bytes] | None:
+    """Start the guard of a launch whose process groups are `pgids` (the supervisor calls it).
+    None when it cannot start (no process left, a full disk for its log): the supervisor still
+    honours STOP while it lives, and a driver that finds no proof waits, then says so."""
+    try:
+        log: Any = open(run_dir / LOGS_DIR / "guard.log", "ab")
+    except OSError:
+        log = subprocess.DEVNULL
     try:
         return subprocess.Popen([sys.executable, "-m", "campaign.guard", str(run_dir), *map(str, pgids)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd="/",
                                 start_new_session=True)
+    except OSError as e:
+        print(f"campaign.guard: cannot start the guard of {run_dir}: {e}", file=sys.stderr)
+        return None
     finally:
-        log.close()
+        if log is not subprocess.DEVNULL:
+            log.close()
 
 
 def group_alive(pgid: int) -> bool:
