@@ -451,9 +451,12 @@ def _watch(launch: _Launch, request: AttemptRequest, active: list[str], start: f
         launch.poll(now)
         if _identity(run_dir) != folder:  # deleted under the launch: its rows and heartbeats go nowhere now
             (run_dir / rundir.LOGS_DIR).mkdir(parents=True, exist_ok=True)
-            launch.stop(time.time)
+            # SIGKILL, not SIGTERM: a save on SIGTERM would put steps whose rows went with the folder
+            # behind the relaunch's checkpoint; from the last periodic one, the relaunch records them again.
+            launch.signal(signal.SIGKILL)
+            _wait(launch, timeout=10.0)
             return _WatchOutcome(killed_by="rundir_lost", stall=f"the run directory {run_dir} was deleted under the "
-                                 "launch: recreated it and stopped the launch; the relaunch resumes from the newest "
+                                 "launch: made it again and killed the launch; the relaunch resumes from the newest "
                                  "complete checkpoint")
         if launch.done:
             return _WatchOutcome(killed_by="interrupt" if interrupt and watch.last_step >= interrupt.after_step
