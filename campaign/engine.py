@@ -151,7 +151,11 @@ class Engine:
             reaped = reap_dead_driver(self.campaign_dir)
             if reaped:
                 self.progress.event(f"stopped {reaped} Parsl process(es) a dead driver left running")
-            recover_orphans(self.ledger, self.campaign_id, self.spec.site, self.progress.event)
+            held = lease.took_over
+            why = "was left running by a driver that died" if held is None or held["dead"] else (
+                f"was left running by pid {held['pid']} on {held['host']}, whose lease this driver took over "
+                f"(not renewed for {held['age_s']:.0f} s)")
+            recover_orphans(self.ledger, self.campaign_id, self.spec.site, self.progress.event, why=why)
             return self._drive()
         finally:
             self._restore_signal_handlers(previous)

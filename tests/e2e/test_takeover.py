@@ -119,6 +119,7 @@ def test_a_take_over_from_another_host_stops_the_old_launch_before_relaunching(w
     view = ledger_view(ws, "takeover")
     assert view["stage"] == "passed", view["verdict"]
     assert view["attempts"][0]["state"] == "orphaned" and "guard" in view["attempts"][0]["summary"]["recovery"]
+    assert any(k == "attempt_orphaned" and "whose lease this driver took over" in m for k, m in view["events"])
     ledger_steps = {s for a in view["attempts"] for s, _ in a["steps"]}
     written = {r["step"] for r in rows1 + rows2}
     assert written <= ledger_steps and ledger_steps == set(range(1, STEPS + 1)), "rows lost"
