@@ -294,7 +294,9 @@ def resume(name: str, db_url: str | None, workdir: Path, quiet: bool, tensorboar
 @_errors
 def cancel(name: str, db_url: str | None, workdir: Path, wait_s: float, endpoint: str | None) -> None:
     """Stop a running campaign cleanly: its driver stops the running launch, cancels its
-    scheduler jobs through the provider, and records the campaign as `cancelled`."""
+    scheduler jobs through the provider, and records the campaign as `cancelled`. When the
+    driver is gone (killed, its host lost), cancel stops what it left running, as `resume`
+    would, and records `cancelled`; `campaign resume NAME` continues it later."""
     from campaign import commands
 
     if endpoint:  # the same cancel, run on the endpoint's host (where the driver runs)

@@ -146,24 +146,33 @@ def live_driver(ledger: Ledger, name: str) -> dict[str, Any] | None:
 def cancel_campaign(ledger: Ledger, name: str, wait_s: float, *, notify: Callable[[str], None] = lambda line: None,
                     poll_s: float = 0.5) -> str:
     """Ask the driver of campaign `name` (on this host) to stop, with SIGTERM, and wait
-    until it released its lease; returns the campaign's state then. `notify` hears
-    progress lines. Raises CampaignError when no driver runs, it runs elsewhere, or it
-    did not stop within `wait_s`."""
+    until it released its lease; returns the campaign's state then. A driver that is gone
+    (its process, or a lease on another host not renewed within its ttl) cannot be asked: the
+    launch it left is stopped here as `campaign resume` would (`cancel_without_driver`). `notify`
+    hears progress lines. Raises CampaignError when no driver ran, a live one runs elsewhere,
+    or it did not stop within `wait_s`."""
+    from campaign.lease import is_live
     from campaign.ledger import reads
+    from campaign.ledger.models import db_utcnow
 
     with ledger.session() as s:
-        lease = reads.get_lease(s, reads.require_campaign(s, name, ledger.display_url))
+        c = reads.require_campaign(s, name, ledger.display_url)
+        lease = reads.get_lease(s, c)
         holder = (lease.host, lease.pid) if lease else None
-    if holder is None:
+        live = lease is not None and is_live(lease, db_utcnow(s))
+        left_open = bool(reads.list_open_attempts(s, c))
+    if holder is None and not left_open:
         raise CampaignError(f"campaign {name!r} is not running (no driver holds it); its state is in `campaign status {name}`")
+    if holder is None or not live:
+        return cancel_without_driver(ledger, name, notify=notify)
     host, pid = holder
     if host != socket.gethostname():
         raise CampaignError(f"campaign {name!r} is driven from {host} (pid {pid}); run `campaign cancel` there, "
                             "or through its Globus Compute endpoint with --endpoint")
     try:
         os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        raise CampaignError(f"the driver of {name!r} (pid {pid}) is gone; `campaign resume {name}` recovers it") from None
+    except ProcessLookupError:  # gone since the look
+        return cancel_without_driver(ledger, name, notify=notify)
     notify(f"asked the driver of {name} (pid {pid}) to stop")
     end = time.monotonic() + wait_s
     while time.monotonic() < end:
@@ -173,6 +182,48 @@ def cancel_campaign(ledger: Ledger, name: str, wait_s: float, *, notify: Callabl
                 return c.state
         time.sleep(poll_s)
     raise CampaignError(f"the driver of {name!r} did not stop within {wait_s:g} s; it may be waiting for its launch to exit")
+
+
+def cancel_without_driver(ledger: Ledger, name: str, *, notify: Callable[[str], None] = lambda line: None) -> str:
+    """Cancel campaign `name` whose driver is gone: take its lease over (a live driver is
+    refused, naming it), stop what the dead driver left (its Parsl processes, every open
+    attempt's launch, which `recovery.stop_orphan` sees gone before it returns), take in what
+    those attempts wrote, and record them, the stage that ran and the campaign `cancelled`.
+    `campaign resume` continues it later from its newest complete checkpoint."""
+    from campaign import spec as spec_mod
+    from campaign.lease import DriverLease
+    from campaign.ledger import reads, writes
+    from campaign.ledger.models import Campaign
+    from campaign.recovery import reap_dead_driver, recover_orphans
+
+    with ledger.session() as s:
+        c = reads.require_campaign(s, name, ledger.display_url)
+        campaign_id, source, workdir = c.id, c.spec_source, c.workdir
+        running = [r.id for r in reads.current_stage_runs(s, c) if r.state == "running"]
+    spec = spec_mod.loads(source, f"{name} (spec kept in the ledger)")
+    lease = DriverLease(ledger, campaign_id)
+    lease.acquire()
+    try:
+        notify(f"the driver of {name} is gone: stopping what it left running, as `campaign resume {name}` would")
+        if workdir and Path(workdir).parent.is_dir():
+            Path(workdir).mkdir(exist_ok=True)  # deleted: its attempts' STOP files go there (recovery.stop_orphan)
+            reaped = reap_dead_driver(Path(workdir))
+            if reaped:
+                notify(f"stopped {reaped} Parsl process(es) the dead driver left running")
+        recover_orphans(ledger, campaign_id, spec.site, notify, state="cancelled",
+                        why="was stopped by `campaign cancel` (its driver had died)")
+        for unit in ledger.retrying("recording the campaign cancelled", warn=notify):
+            with unit as s:
+                c = s.get(Campaign, campaign_id)
+                assert c is not None
+                for r in reads.current_stage_runs(s, c):
+                    if r.id in running or r.state == "running":
+                        writes.set_stage_state(s, r, "failed", verdict="cancelled by the user (its driver had died)")
+                writes.set_campaign_state(s, c, "cancelled", "cancelled by `campaign cancel`; its driver had died")
+                state = c.state
+    finally:
+        lease.release()
+    return state
 
 
 # --- plot ------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ runs it in this process without Parsl (fast tests). Only this process writes the
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 import traceback
@@ -33,8 +34,8 @@ from campaign.ledger import Ledger
 from campaign.ledger import reads, writes
 from campaign.ledger.models import Campaign, StageRun
 from campaign.progress import Progress
-from campaign.recovery import reap_dead_driver, recover_orphans
-from campaign.rundir import STOP_FILE
+from campaign.recovery import LaunchStillRunning, reap_dead_driver, recover_orphans
+from campaign.rundir import write_stop
 from campaign.runner import AttemptRunner
 from campaign.spec import CampaignSpec, reread_digest
 from campaign.stagebase import NoRankStarted, StageSpec, Verdict
@@ -115,11 +116,30 @@ class Engine:
                     "version of it with: campaign submit FILE --new-version"
                 )
             writes.bump_campaign_version(s, c, digest=digest, spec_json=spec_json, source=source)
+        if c.workdir and Path(c.workdir) != self.campaign_dir:
+            self._work_in(Path(c.workdir))
         writes.ensure_stage_runs(s, c, [(st.resolved_name, st.kind) for st in self.spec.stages])
         self.campaign_id = c.id
         # Each version trains in its own directories: v2 must never resume v1's checkpoints.
         self.run_root = version_root(self.campaign_dir, c.version)
         return c
+
+    def _work_in(self, recorded: Path) -> None:
+        """The ledger says this campaign works in `recorded` (a teammate's `--workdir` on a shared
+        ledger, another login node): its checkpoints and attempts are there, so continue there
+        when this host reaches it (its folder, or the folder above it when the campaign's own
+        was deleted: recreated then), else refuse naming it; never start over in a second folder."""
+        here = self.campaign_dir
+        reachable = recorded if recorded.is_dir() else recorded.parent
+        if not (reachable.is_dir() and os.access(reachable, os.W_OK | os.X_OK)):
+            raise WorkdirError(
+                f"campaign {self.spec.name!r} works in {recorded} (recorded in the ledger), which this host cannot "
+                f"reach or write; run it where that folder is, with --workdir {recorded.parent}: its checkpoints "
+                f"are there (nothing was started in {here})")
+        self.progress.event(f"campaign {self.spec.name} works in {recorded} (recorded in the ledger), not in {here}: "
+                            "continuing there")
+        self.workdir, self.campaign_dir = recorded.parent, recorded
+        self.block.campaign_dir = recorded
 
     @property
     def site_name(self) -> str:
@@ -138,7 +158,11 @@ class Engine:
             reaped = reap_dead_driver(self.campaign_dir)
             if reaped:
                 self.progress.event(f"stopped {reaped} Parsl process(es) a dead driver left running")
-            recover_orphans(self.ledger, self.campaign_id, self.spec.site, self.progress.event)
+            held = lease.took_over
+            why = "was left running by a driver that died" if held is None or held["dead"] else (
+                f"was left running by pid {held['pid']} on {held['host']}, whose lease this driver took over "
+                f"(not renewed for {held['age_s']:.0f} s)")
+            recover_orphans(self.ledger, self.campaign_id, self.spec.site, self.progress.event, why=why)
             return self._drive()
         except Cancelled:
             raise  # the user's own stop, not the driver giving up
@@ -225,8 +249,8 @@ class Engine:
             raise
         except LeaseLost:
             raise  # the ledger belongs to the new driver now: write nothing
-        except (LedgerError, WorkdirError):
-            raise  # not the stage's failure: the ledger or the work directory is broken; resume continues
+        except (LedgerError, WorkdirError, LaunchStillRunning):
+            raise  # not the stage's failure: the ledger, the work directory, an old launch elsewhere; resume continues
         except NoRankStarted as e:
             verdict = Verdict(False, f"no rank started: {e.why}", {"no_rank_started": True, "attempt": e.attempt})
         except Exception as e:
@@ -284,7 +308,7 @@ class Engine:
                 self.progress.event(f"{signal.Signals(signum).name} received: stopping the running attempt, "
                                     "recording the campaign as cancelled")
             if self.current_run_dir is not None:
-                (self.current_run_dir / STOP_FILE).touch()
+                write_stop(self.current_run_dir)
 
         previous = {}
         # SIGHUP (a closed ssh session, a dropped terminal) is a request to stop like SIGTERM:

@@ -28,7 +28,8 @@ CLASSES = {
     "cancelled": "stopped by a user",
     "config_error": "bad configuration (93): do not retry",
     "diverged": "non-finite loss (94)",
-    "orphaned": "left running by a driver that died; its launch was stopped",
+    "orphaned": "lost by what watched it (its driver died or was displaced, its run directory was deleted); its launch "
+                "was stopped",
     "block_lost": "the block (scheduler job) ended under the attempt: cancelled by someone, or its nodes failed",
     "crashed_unknown": "a failure without enough evidence to blame a node or call it systemic: one confirming retry",
 }

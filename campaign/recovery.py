@@ -20,11 +20,15 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from campaign import report
-from campaign.rundir import DRIVER_FILE, PIDS_FILE, STOP_FILE, TRAINER_CONFIG, launched_nodes
+from campaign.errors import CampaignConflict
+from campaign.guard import working_in
 from campaign.lease import process_alive
+from campaign.stagebase import Targets
+from campaign.rundir import (DRIVER_FILE, EVENTS_FILE, HEARTBEAT_DIR, LAUNCH_GONE, LOGS_DIR, METRICS_FILE, PIDS_FILE,
+                             STOP_FILE, SUPERVISOR_REPORT, TRAINER_CONFIG, launched_nodes)
 from campaign.ledger import reads, writes
 from campaign.ledger.models import Attempt, Campaign
 
@@ -87,33 +91,40 @@ def _group_members(pids: set[int], spare: set[int]) -> set[int]:
     return found
 
 
-def recover_orphans(ledger: Ledger, campaign_id: int, site: Site, say: Callable[[str], None]) -> int:
-    """Attempts a crashed driver left open: stop their jobs, record them `orphaned` (their
-    stage goes back to pending). Returns how many were recovered."""
-    count = 0
-    for unit in ledger.retrying("recovering orphaned attempts", warn=say):
+def recover_orphans(ledger: Ledger, campaign_id: int, site: Site, say: Callable[[str], None], *,
+                    state: str = "orphaned", why: str = "was left running by a driver that died") -> int:
+    """Attempts a dead or displaced driver left open: stop their launches (`stop_orphan`, which
+    returns only once each is gone), take in what they wrote (`adopt_orphan`), record them
+    `state` (`orphaned`, a resumable class: their stage goes back to pending; `campaign cancel`
+    records `cancelled`). Returns how many were recovered. An attempt whose launch may still
+    train elsewhere raises LaunchStillRunning and stays open: the next `resume` looks again."""
+    for unit in ledger.retrying("listing open attempts", warn=say):
         with unit as s:
-            count = _recover(s, campaign_id, site, say)
-    return count
+            c = s.get(Campaign, campaign_id)
+            assert c is not None
+            open_ = [(a.id, a.run_dir) for a in reads.list_open_attempts(s, c)]
+    for attempt_id, run_dir in open_:
+        stopped = stop_orphan(Path(run_dir), site)  # outside a transaction: it may wait for the launch's guard
+        for unit in ledger.retrying("recovering an open attempt", warn=say):
+            with unit as s:
+                line = _record_recovered(s, attempt_id, stopped, state, why)
+        say(line)
+    return len(open_)
 
 
-def _recover(s: Session, campaign_id: int, site: Site, say: Callable[[str], None]) -> int:
-    c = s.get(Campaign, campaign_id)
-    assert c is not None
-    count = 0
-    for a in reads.list_open_attempts(s, c):
-        stopped = stop_orphan(Path(a.run_dir), site)
-        adopted = adopt_orphan(s, a)
-        writes.finish_attempt(s, a, state="orphaned", exit_code=None, suspects=[],
-                              summary={**(a.summary or {}), "recovery": stopped, "adopted": adopted})
-        writes.add_event(s, c, "attempt_orphaned", f"stage {a.stage_run.name} attempt {a.number} was left running "
-                         f"by a driver that died; {stopped}", stage_run=a.stage_run, attempt=a)
-        if a.stage_run.state == "running":
-            a.stage_run.state = "pending"
-        say(f"recovered stage {a.stage_run.name} attempt {a.number}: {stopped}; adopted {adopted['steps']} "
+def _record_recovered(s: Session, attempt_id: int, stopped: str, state: str, why: str) -> str:
+    a = s.get(Attempt, attempt_id)
+    assert a is not None
+    c = a.stage_run.campaign
+    adopted = adopt_orphan(s, a)
+    writes.finish_attempt(s, a, state=state, exit_code=None, suspects=[],
+                          summary={**(a.summary or {}), "recovery": stopped, "adopted": adopted})
+    writes.add_event(s, c, f"attempt_{state}", f"stage {a.stage_run.name} attempt {a.number} {why}; {stopped}",
+                     stage_run=a.stage_run, attempt=a)
+    if a.stage_run.state == "running":
+        a.stage_run.state = "pending"
+    return (f"recovered stage {a.stage_run.name} attempt {a.number}: {stopped}; adopted {adopted['steps']} "
             f"step(s) to step {a.last_step} and {adopted['checkpoints']} checkpoint(s) it wrote")
-        count += 1
-    return count
 
 
 def adopt_orphan(s: Session, a: Attempt) -> dict[str, int]:
@@ -134,8 +145,8 @@ def adopt_orphan(s: Session, a: Attempt) -> dict[str, int]:
         writes.record_bad_metric_rows(s, a, bad, first=not (a.summary or {}).get("bad_metric_rows"))
     try:
         ckpt_dir = Path(run_cfg["checkpoint_dir"])
-    except (KeyError, TypeError):
-        return {"steps": steps, "checkpoints": 0}
+    except (KeyError, TypeError):  # trainer.json went with a deleted run directory: the stage's default folder
+        ckpt_dir = run_dir.parent / Targets.checkpoints
     checkpoints = report.list_checkpoints(ckpt_dir) if ckpt_dir.is_dir() else []
     for ck in checkpoints:
         writes.record_checkpoint(s, a.stage_run, a, step=ck["step"], tokens=ck.get("tokens") or 0, path=str(ck["path"]),
@@ -143,21 +154,170 @@ def adopt_orphan(s: Session, a: Attempt) -> dict[str, int]:
     return {"steps": steps, "checkpoints": len(checkpoints)}
 
 
-def stop_orphan(run_dir: Path, site: Site) -> str:
-    """Stop the launch of an attempt whose driver died. Returns what was done, for the record."""
-    (run_dir / STOP_FILE).touch()  # a supervisor that still lives stops its launch
+CONFIRM_S = 30.0
+"""How long a driver waits for proof that a launch it cannot kill itself (on another host) is
+gone: its guard's `launch-gone.json` or its supervisor's report. The guard stops a launch within
+`guard.TERM_GRACE_S` (5 s) of the STOP file, plus a poll."""
+SILENT_S = 30.0
+"""Without that proof: a launch whose files (heartbeats, metrics, events, logs) did not change
+for this long (every rank of the contract beats each second) is taken for gone, and said so."""
+
+
+STARTING_S = 2.0
+"""A pids.json of this host still `starting` this long after the STOP file: its supervisor,
+which records the launch's groups right after starting it, is gone."""
+
+
+class LaunchStillRunning(CampaignConflict):
+    """An earlier launch of the stage may still train, on a host this driver cannot reach, and
+    nothing says it stopped: relaunching would put two launches in one checkpoint folder."""
+
+
+def stop_orphan(run_dir: Path, site: Site, *, confirm_s: float | None = None) -> str:
+    """Stop the launch of an attempt whose supervisor no longer answers for it (its driver died
+    or was displaced, its worker was lost) and return, what was done in words, only once that
+    launch is gone: killed here (process groups checked by their environment), stopped by its
+    guard (`campaign.guard`, which honours the STOP file written first), ended by itself, or
+    cancelled with its scheduler job. Raises LaunchStillRunning, naming the host and process
+    groups, when the launch ran on a host this driver cannot reach and neither its guard nor
+    its supervisor says it stopped within `confirm_s` while its files still change."""
+    confirm_s = CONFIRM_S if confirm_s is None else confirm_s
+    existed = run_dir.is_dir()
+    if existed or run_dir.parent.parent.is_dir():  # deleted under the attempt: ours to make again, in its campaign's folder
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / STOP_FILE).touch()  # a supervisor or guard that still lives stops the launch
+    here = socket.gethostname()
+    start = last_change = time.monotonic()
+    seen = _activity(run_dir)
+    if not existed:
+        return _stop_unrecorded(run_dir, site, confirm_s)
+    while True:
+        pids = _read_json(run_dir / PIDS_FILE)
+        if pids is None:  # the supervisor writes it before it looks for STOP: no launch will start
+            return "no launch had started"
+        if pids.get("block_job_id"):
+            site.cancel_jobs([pids["block_job_id"]])
+            return f"cancelled scheduler job {pids['block_job_id']} through the provider"
+        pgids = [int(p) for p in pids.get("pgids") or []]
+        gone = _gone_proof(run_dir, pgids)
+        if gone is not None:
+            _remove_node_local(run_dir, str(pids.get("attempt", "")))
+            return gone
+        now = time.monotonic()
+        if pids.get("host") == here and pgids:
+            killed = [pgid for pgid in pgids if _kill_group(pgid, run_dir)]
+            _wait_gone(working_in(run_dir), GONE_WAIT_S)  # warm-start children: their server ends them
+            _remove_node_local(run_dir, str(pids.get("attempt", "")))
+            return f"killed {len(killed)} process group(s)" if killed else "its processes had already exited"
+        if pids.get("host") == here and now - start > STARTING_S:  # its supervisor died as it launched
+            found = _kill_by_run_dir(run_dir)
+            _remove_node_local(run_dir, str(pids.get("attempt", "")))
+            return f"its supervisor died as it launched; killed {len(found)} process(es) of the launch"
+        if (current := _activity(run_dir)) != seen:
+            seen, last_change = current, now
+        if now - last_change >= min(SILENT_S, confirm_s) and now - start >= confirm_s:
+            return (f"the launch on {pids.get('host')} (process groups {pgids}) did not confirm it stopped, but "
+                    f"wrote nothing for {now - last_change:.0f} s after the STOP file: taken for gone")
+        if now - start >= confirm_s:
+            where = pids.get("host") or "an unknown host"
+            raise LaunchStillRunning(
+                f"the launch of {run_dir} may still train on {where} (process groups "
+                f"{', '.join(map(str, pgids)) or 'not recorded yet'}): its files still change {confirm_s:.0f} s after "
+                f"the STOP file and nothing there confirmed it stopped; stop them on {where} (`kill -9 -- "
+                f"{' '.join(f'-{g}' for g in pgids) or '-PGID'}`), then run the same command again: nothing was "
+                "relaunched")
+        time.sleep(0.25)
+
+
+def _stop_unrecorded(run_dir: Path, site: Site, confirm_s: float) -> str:
+    """The run directory was deleted, pids.json with it: stop the launch's processes on this
+    host, found by their run directory (environment or working directory); on a batch site,
+    whose launch may run on another node, wait for its guard's word (it reads STOP at the
+    same path, made again here)."""
+    found = _kill_by_run_dir(run_dir)
+    what = f"its run directory was gone (made again); killed {len(found)} process(es) of its launch here" if found \
+        else "its run directory was gone (made again); no process of its launch runs on this host"
+    if found or site.node_names() is not None:  # the local site: every node is this host
+        return what
+    end = time.monotonic() + confirm_s
+    while time.monotonic() < end:
+        gone = _read_json(run_dir / LAUNCH_GONE)
+        if gone is not None:
+            return f"{what}; its guard on {gone.get('host')} stopped it"
+        time.sleep(0.25)
+    return f"{what}; none answered from another node within {confirm_s:.0f} s"
+
+
+def _kill_by_run_dir(run_dir: Path) -> list[int]:
+    """SIGKILL the process groups of this host's processes of `run_dir`'s launch and wait until
+    they are gone; the processes found."""
+    found = _processes_of(run_dir)
+    groups = set()
+    for pid in found:
+        try:
+            groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            continue
+    groups.discard(os.getpgid(0))
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _wait_gone(found, GONE_WAIT_S)
+    return found
+
+
+def _processes_of(run_dir: Path) -> list[int]:
+    """Live processes of this host whose environment names `run_dir` or that work in it."""
+    tag = f"CAMPAIGN_RUN_DIR={run_dir}\0".encode()
+    found = set(working_in(run_dir))
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                if tag in (proc / "environ").read_bytes() + b"\0":
+                    found.add(int(proc.name))
+            except OSError:
+                continue
+    return sorted(found)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        pids = json.loads((run_dir / PIDS_FILE).read_text())
+        doc = json.loads(path.read_text())
     except (OSError, ValueError):
-        return "no launch had started"
-    if pids.get("block_job_id"):
-        site.cancel_jobs([pids["block_job_id"]])
-        return f"cancelled scheduler job {pids['block_job_id']} through the provider"
-    if pids.get("host") != socket.gethostname():
-        return f"the launch ran on {pids.get('host')}; STOP file written for its supervisor"
-    killed = [pgid for pgid in pids.get("pgids", []) if _kill_group(pgid, run_dir)]
-    _remove_node_local(run_dir, str(pids.get("attempt", "")))
-    return f"killed {len(killed)} process group(s)" if killed else "its processes had already exited"
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _gone_proof(run_dir: Path, pgids: list[int]) -> str | None:
+    """Why this launch (the process groups `pgids` of pids.json) is known to be gone, or None:
+    its guard said so, or its supervisor wrote its report after the launch started (the
+    report of an earlier supervisor of the same run directory does not count)."""
+    gone = _read_json(run_dir / LAUNCH_GONE)
+    if gone is not None and pgids and sorted(gone.get("pgids") or []) == sorted(pgids):
+        how = "stopped by its guard after the STOP file" if gone.get("how") == "stopped" else "it had ended"
+        return f"{how} on {gone.get('host')}"
+    try:
+        if (run_dir / SUPERVISOR_REPORT).stat().st_mtime_ns >= (run_dir / PIDS_FILE).stat().st_mtime_ns:
+            return "its supervisor had stopped it"
+    except OSError:
+        pass
+    return None
+
+
+def _activity(run_dir: Path) -> tuple[tuple[str, int, int], ...]:
+    """What a live launch changes: the size and time of its metrics, events, heartbeats and logs."""
+    files = [run_dir / METRICS_FILE, run_dir / EVENTS_FILE, *(run_dir / HEARTBEAT_DIR).glob("*"),
+             *(run_dir / LOGS_DIR).glob("*.log")]
+    out = []
+    for f in files:
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        out.append((f.name, st.st_size, st.st_mtime_ns))
+    return tuple(sorted(out))
 
 
 def _remove_node_local(run_dir: Path, attempt: str) -> None:

@@ -12,7 +12,9 @@
                                         SLURM_HOSTFILE; the supervisor writes it)
           pids.json                     PIDS_FILE: host and process groups of the launch (the supervisor),
                                         so a recovering driver can kill orphans
-          STOP                          STOP_FILE: asks the supervisor to stop the launch (cancel, recovery)
+          STOP                          STOP_FILE: stops the launch (cancel, recovery, a take-over): its
+                                        supervisor and its guard (`campaign.guard`) read it
+          launch-gone.json              LAUNCH_GONE: the guard's word that the launch's processes are gone
           supervisor.json               SUPERVISOR_REPORT: the supervisor's report of the attempt
           drills/<nodes>/               drill_dir(): a bisection drill's run directory
           logs/rank-R.log               rank_log(): rank R's output (local launcher)
@@ -46,7 +48,11 @@ SRUN_TASKS = "srun-tasks"
 STOP_FILE = "STOP"
 """Written into the run directory to ask the supervisor to stop the launch (cancel)."""
 PIDS_FILE = "pids.json"
-"""Host and process groups of the launch, so a recovering driver can kill orphans."""
+"""Host and process groups of the launch, so a recovering driver can kill orphans. Written
+before the launch starts (empty `pgids`, `starting`), then with its process groups."""
+LAUNCH_GONE = "launch-gone.json"
+"""Written by the launch's guard (`campaign.guard`) once every process of the launch is gone:
+a driver on another host relaunches only after it (or the supervisor's report) appears."""
 SUPERVISOR_REPORT = "supervisor.json"
 """The supervisor's report (`campaign.attempt.AttemptReport`), written when the attempt ends."""
 LOGS_DIR = "logs"
@@ -109,3 +115,14 @@ def launched_nodes(run_dir: Path) -> list[str]:
         return (run_dir / HOSTFILE).read_text().split()
     except OSError:
         return []
+
+
+def write_stop(run_dir: Path) -> bool:
+    """Write the STOP file of an attempt, making its run directory again if it was deleted (the
+    launch's guard and supervisor look for STOP at that path); False if it cannot be written."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / STOP_FILE).touch()
+    except OSError:
+        return False
+    return True

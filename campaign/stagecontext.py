@@ -324,7 +324,7 @@ class StageContext:
             self.engine.check_lease()
             offset = self._ingest(attempt_id, run_dir, offset, steps)
             if self.engine.cancel_requested:
-                (run_dir / rundir.STOP_FILE).touch()
+                rundir.write_stop(run_dir)
             lost = self.engine.block.lost()
             ended = self.engine.block.ended() if lost is None else None
             if lost is not None or ended is not None:

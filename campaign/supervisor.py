@@ -14,7 +14,9 @@ the trainer with the site's launcher, and watches it:
   stopped; the first failure is the evidence (behind srun, the failed task its log names as
   soon as srun writes it: srun keeps the peers up, `--kill-on-bad-exit=0`);
 - a `STOP` file in the run directory (written by `campaign cancel`, or by a driver
-  that recovers from a crash) stops the launch (class `cancelled`);
+  that recovers from a crash or took the lease over) stops the launch (class `cancelled`);
+  so does the launch's guard (`campaign.guard`, started with the launch in a session of
+  its own), which outlives this supervisor;
 - before it stops a launch after a crash or a stall, a trainer that can (its `start` event
   says `rescue`) is asked to save a rescue checkpoint from one surviving replica
   (`campaign.train.rescue`): the relaunch then loses no step.
@@ -41,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from campaign import contract, evidence, exits, report, rundir, watchdog
+from campaign import contract, evidence, exits, guard, report, rundir, watchdog
 from campaign.attempt import LAUNCH_FAILED, AttemptReport, AttemptRequest, Interrupt
 from campaign.executors import warm
 from campaign.rundir import PIDS_FILE, STOP_FILE
@@ -176,12 +178,23 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
     if request.rotate:
         active = active[request.rotate % n:] + active[:request.rotate % n]
     _prepare(request, run_dir, active)
+    # Say a launch may start before looking for STOP: a driver that writes STOP and then finds
+    # no pids.json knows no launch will start (campaign.recovery.stop_orphan).
+    report.write_json_atomic(run_dir / PIDS_FILE, {"host": socket.gethostname(), "pgids": [], "starting": True,
+                                                   "block_job_id": os.environ.get("PBS_JOBID")
+                                                   or os.environ.get("SLURM_JOB_ID"), "attempt": request.attempt})
+    if (run_dir / STOP_FILE).exists():
+        out = AttemptReport(exit_code=exits.SIGTERM, exit_class="cancelled", duration_s=0.0, nodes=active,
+                            allocation=allocation, spares=spares, killed_by="stop",
+                            error="stopped before the launch started (STOP)")
+        return _finish(run_dir, out)
     try:
         launch, command, text = _start(request, active)
     except OSError as e:  # the launcher or the trainer's program cannot be executed: no rank ever ran
         out = AttemptReport(exit_code=exits.BROKEN_ENV, exit_class="crashed_systemic", duration_s=time.time() - start,
                             nodes=active, allocation=allocation, error=f"{LAUNCH_FAILED}: {e}")
         return _finish(run_dir, out)
+    guard.start(run_dir, [p.pid for _, _, p in launch.procs])  # STOP is honoured even once this supervisor is gone
     adapter = ProgressAdapter.for_request(request)
     watched = _watch(launch, request, active, start, adapter)
     if adapter is not None:  # what rank 0 printed just before it exited
@@ -219,6 +232,8 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
         stall = f"{stall}; {STDOUT_EVIDENCE}"
     if watched.killed_by in ("stop", "interrupt"):
         exit_class = "cancelled"
+    elif watched.killed_by == "rundir_lost":
+        exit_class = "orphaned"  # nothing the trainer or a node did: resumable
     elif watched.killed_by == "timeout":
         exit_class = "timed_out"
     elif finding is not None:
@@ -240,6 +255,7 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
 
 
 def _finish(run_dir: Path, out: AttemptReport) -> dict[str, Any]:
+    run_dir.mkdir(parents=True, exist_ok=True)  # deleted under the attempt: the report still reaches the driver
     report.write_json_atomic(run_dir / rundir.SUPERVISOR_REPORT, out.to_dict())
     return out.to_dict()
 
@@ -446,9 +462,19 @@ def _watch(launch: _Launch, request: AttemptRequest, active: list[str], start: f
     chain = _chain(request)
     rescued: dict[str, Any] | None = None
     seen: list[tuple[int, float, float]] = []  # a trainer's own metrics rows: (step, time, time)
+    folder = _identity(run_dir)
     while True:
         now = time.time()
         launch.poll(now)
+        if _identity(run_dir) != folder:  # deleted under the launch: its rows and heartbeats go nowhere now
+            (run_dir / rundir.LOGS_DIR).mkdir(parents=True, exist_ok=True)
+            # SIGKILL, not SIGTERM: a save on SIGTERM would put steps whose rows went with the folder
+            # behind the relaunch's checkpoint; from the last periodic one, the relaunch records them again.
+            launch.signal(signal.SIGKILL)
+            _wait(launch, timeout=10.0)
+            return _WatchOutcome(killed_by="rundir_lost", stall=f"the run directory {run_dir} was deleted under the "
+                                 "launch: made it again and killed the launch; the relaunch resumes from the newest "
+                                 "complete checkpoint")
         if launch.done:
             return _WatchOutcome(killed_by="interrupt" if interrupt and watch.last_step >= interrupt.after_step
                                  else None, rescue=rescued)
@@ -600,6 +626,15 @@ def _observe(run_dir: Path, watch: watchdog.Watch, offsets: dict[str, int], now:
     watch.saw_phases({p for p in phases if p}, now)
     watch.saw_compute(beats)
     return rows
+
+
+def _identity(folder: Path) -> tuple[int, int] | None:
+    """(device, inode) of `folder`, None when it is gone: a folder deleted and made again differs."""
+    try:
+        st = folder.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _wait(launch: _Launch, timeout: float) -> None:

@@ -110,7 +110,7 @@ def test_trainer_never_imports_the_ledger() -> None:
 
 
 @pytest.mark.parametrize("module", ["campaign.report", "campaign.exits", "campaign.errors", "campaign.rundir",
-                                    "campaign.signatures"])
+                                    "campaign.signatures", "campaign.guard"])
 def test_contract_helpers_need_only_the_standard_library(module: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-c", f"import json, sys, {module}\n"
@@ -128,7 +128,7 @@ PACKAGE_DIRS = {"campaign": "campaign", "stages": "campaign.stages", "executors"
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("campaign.__init__", "campaign.errors", "campaign.names", "campaign.exits", "campaign.report",
-                    "campaign.rundir", "campaign.signatures", "campaign.yamlfile")),
+                    "campaign.rundir", "campaign.signatures", "campaign.yamlfile", "campaign.guard")),
     ("trainer", ("campaign.train",)),
     ("ledger", ("campaign.ledger", "campaign.migrations")),
     ("model", ("campaign.stagebase", "campaign.watchdog", "campaign.evidence", "campaign.goodput", "campaign.summary",

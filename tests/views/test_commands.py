@@ -144,9 +144,24 @@ def test_cancel_refuses_a_driver_elsewhere_or_gone(demo: Ledger) -> None:
         writes.take_lease(s, reads.get_campaign(s, "demo-run"), host="login-7", pid=4242, token="t", ttl_s=60)
     with pytest.raises(CampaignError, match="driven from login-7 .pid 4242.; run `campaign cancel` there"):
         commands.cancel_campaign(demo, "demo-run", 1.0)
+
+
+
+def test_cancel_of_a_campaign_whose_driver_is_gone_records_it_cancelled(demo: Ledger) -> None:
+    """Issue 39 item 3: before, "the driver is gone; campaign resume recovers it" while its
+    ranks trained on. Now cancel takes the dead driver's lease, stops what it left (as resume
+    would; tests/e2e/test_takeover.py drives real ranks) and records the campaign cancelled."""
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     with demo.session() as s:
-        writes.take_lease(s, reads.get_campaign(s, "demo-run"), host=socket.gethostname(), pid=dead.pid, token="t", ttl_s=60)
-    with pytest.raises(CampaignError, match=f"pid {dead.pid}. is gone; `campaign resume demo-run` recovers it"):
-        commands.cancel_campaign(demo, "demo-run", 1.0)
+        c = reads.get_campaign(s, "demo-run")
+        c.spec_source = "name: demo-run\nsite: {kind: local, nodes: 2}\nstages: [{name: smoke, kind: smoke}]\n"
+        writes.take_lease(s, c, host=socket.gethostname(), pid=dead.pid, token="t", ttl_s=60)
+    heard: list[str] = []
+    assert commands.cancel_campaign(demo, "demo-run", 1.0, notify=heard.append) == "cancelled"
+    assert heard[0] == "the driver of demo-run is gone: stopping what it left running, as `campaign resume demo-run` would"
+    with demo.session() as s:
+        c = reads.get_campaign(s, "demo-run")
+        assert c.state == "cancelled" and reads.get_lease(s, c) is None
+        assert all(a.state != "running" for r in reads.current_stage_runs(s, c) for a in r.attempts)
+        assert all(r.state != "running" for r in reads.current_stage_runs(s, c))
