@@ -230,6 +230,9 @@ class StageContext:
                 a.run_dir = str(rundir.attempt_dir(self.stage_dir, a.number))
                 number, attempt_id = a.number, a.id
                 excluded = sorted({e.node for e in reads.list_exclusions(s, self.engine.site_name)})
+                policy = watchdog or WatchdogPolicy()
+                measured = reads.measured_step_times(s, run.id, nodes=n, ranks_per_node=self.spec.site.ranks_per_node,
+                                                     skip=policy.warmup_steps)
         run_dir = rundir.attempt_dir(self.stage_dir, number)
         config = trainer_config(self.spec, targets, stage_dir=self.stage_dir, attempt=number, faults=faults)
         resume_from = contract.newest_complete(self.spec.trainer.checkpoints, ckpt) if targets.resume else None
@@ -239,6 +242,8 @@ class StageContext:
                                 interrupt=Interrupt.model_validate(interrupt) if interrupt else None)
         if rotate:
             request = request.model_copy(update={"rotate": rotate})
+        if measured:
+            request = request.model_copy(update={"measured_step_s": measured})
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
             request.config_path.write_text(config.model_dump_json(indent=2))

@@ -422,7 +422,7 @@ def _watch(launch: _Launch, request: AttemptRequest, active: list[str], start: f
     """Wait for the launch; stop it on a stall, a failed rank, the hard timeout, STOP or an interrupt."""
     run_dir = Path(request.run_dir)
     policy = request.watchdog
-    watch = watchdog.Watch(started=start)
+    watch = watchdog.Watch(started=start, prior_step_times=list(request.measured_step_s))
     interrupt = request.interrupt
     timeout = request.timeout_s
     offsets = {"metrics": 0, "events": 0}
