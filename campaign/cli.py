@@ -460,6 +460,7 @@ def nodes_include(node: str, site: str, db_url: str | None, workdir: Path) -> No
     """Lift the exclusions of NODE on a site."""
     from campaign import commands
 
+    commands.check_exclusion(node, site)  # before the ledger is opened
     ledger = _open(db_url, workdir, create=False)
     try:
         n = commands.include_node(ledger, node, site)
@@ -575,7 +576,7 @@ def _write_export(rows: Any, what: str, fmt: str, out_file: Path | None) -> int:
     from campaign import commands
 
     if out_file is None:
-        return commands.write_export(rows, what, fmt, sys.stdout)
+        return commands.write_export_stdout(rows, what, fmt, sys.stdout)
     return commands.write_export_file(rows, what, fmt, out_file)
 
 

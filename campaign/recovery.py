@@ -13,6 +13,8 @@ trainer processes whose environment names the attempt's run directory).
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import signal
@@ -145,7 +147,8 @@ def adopt_orphan(s: Session, a: Attempt) -> dict[str, int]:
 
 def stop_orphan(run_dir: Path, site: Site) -> str:
     """Stop the launch of an attempt whose driver died. Returns what was done, for the record."""
-    (run_dir / STOP_FILE).touch()  # a supervisor that still lives stops its launch
+    with contextlib.suppress(OSError):  # a full disk: the process groups below are killed all the same
+        (run_dir / STOP_FILE).touch()  # a supervisor that still lives stops its launch
     try:
         pids = json.loads((run_dir / PIDS_FILE).read_text())
     except (OSError, ValueError):

@@ -280,4 +280,5 @@ def test_a_hang_in_a_relaunchs_first_steps_is_called_on_the_step_time_already_me
     summary = a2["summary"]
     assert "heartbeats show who hangs" in summary["stall"], summary["stall"]
     assert summary["detected_after_s"] <= 3 * step_s + 2.0, (summary["detected_after_s"], step_s)
+    assert [s["node"] for s in a2["suspects"]] == [a2["nodes"][1]], "rank 1's node, where the hang was put"
     assert view["stage"] == "passed"
