@@ -385,7 +385,7 @@ def _revision(engine: sa.Engine) -> tuple[str | None, bool]:
             current = schema.current_revision(conn)
             return current, current is None and not sa.inspect(conn).get_table_names()
     except sa.exc.DBAPIError as e:
-        raise explain(e, engine) or LedgerError(f"cannot open the ledger at {_shown(engine)}: {e.orig}") from None
+        raise explain(e, engine) or LedgerError(f"cannot open the ledger at {_shown(engine)}: {e.orig}{_full(engine)}") from None
 
 
 SCHEMA_LOCK_KEY = 0x63616D70
@@ -449,7 +449,20 @@ def explained(engine: sa.Engine) -> Iterator[None]:
     try:
         yield
     except sa.exc.DBAPIError as e:
-        raise explain(e, engine) or LedgerError(f"cannot use the ledger at {_shown(engine)}: {e.orig}") from None
+        raise explain(e, engine) or LedgerError(f"cannot use the ledger at {_shown(engine)}: {e.orig}{_full(engine)}") from None
+
+
+def _full(engine: sa.Engine) -> str:
+    """'; its file system is full: free space in DIR' where the SQLite ledger's file system has
+    no room left (SQLite says 'disk I/O error' when it cannot even map its -shm file), else ''."""
+    db = engine.url.database if engine.url.drivername.startswith("sqlite") else None
+    if not db or db == ":memory:":
+        return ""
+    try:
+        st = os.statvfs(Path(db).parent)
+    except OSError:
+        return ""
+    return f"; its file system is full: free space in {Path(db).parent}" if st.f_bavail * st.f_frsize < 65536 else ""
 
 
 def _shown(engine: sa.Engine) -> str:

@@ -254,24 +254,47 @@ def test_two_submits_on_a_fresh_ledger(backend: str, tmp_path: Path, request: py
 
 # --- a full disk and names that collide (issue 39, item 4) ------------------------------------
 
+def _fill(folder: Path) -> None:
+    with open(folder / "filler", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+
+
 @pytest.fixture
-def full_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
-    """A real tmpfs of 1 MiB (root only) filled to the last byte by someone else's file."""
+def tmpfs(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A real tmpfs of 1 MiB (root only)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root (CI runs as root)")
     mnt = tmp_path / "full"
     mnt.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True, capture_output=True)
     try:
-        with open(mnt / "filler", "wb", buffering=0) as f:
-            try:
-                while True:
-                    f.write(b"\0" * 4096)
-            except OSError:
-                pass
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
+def full_disk(tmpfs: Path) -> Path:
+    """The tmpfs filled to the last byte by someone else's file."""
+    _fill(tmpfs)
+    return tmpfs
+
+
+def test_commands_on_a_ledger_whose_disk_is_full_say_so_in_one_line(tmpfs: Path) -> None:
+    """An existing ledger, then the disk fills: every command that writes it ends in one line
+    that says the file system is full (SQLite itself says only 'disk I/O error' when it cannot
+    map its -shm file), exit 2, the ledger as it was."""
+    _ledger_with_a_campaign(tmpfs / "ledger.db")
+    before = _sha(tmpfs / "ledger.db")
+    _fill(tmpfs)
+    for argv in (["nodes", "exclude", "n1", "--site", "local", "--reason", "x"], ["resume", "big"], ["db", "upgrade"]):
+        code, _, err = _cli(*argv, "--workdir", tmpfs)
+        _one_line_error(code, err, "its file system is full", str(tmpfs))
+        assert _sha(tmpfs / "ledger.db") == before, argv
 
 
 def test_export_onto_a_full_disk_is_one_line_and_leaves_nothing(tmp_path: Path, full_disk: Path) -> None:
