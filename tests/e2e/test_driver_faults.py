@@ -335,6 +335,9 @@ def test_a_full_disk_under_the_ledger_and_the_work_directory_ends_in_one_line(ws
         left = _survivors(seen)
         (ws.workdir / "filler").unlink()  # room again: read what the ledger says
         view = ledger_view(ws, "fulldisk")
+        from campaign import report
+
+        written = [r["step"] for a in view["attempts"] for r in report.read_metrics(a["run_dir"])[0]]
         with_lease = ws.ledger()
         try:
             from campaign.ledger.models import Lease
@@ -359,3 +362,6 @@ def test_a_full_disk_under_the_ledger_and_the_work_directory_ends_in_one_line(ws
     assert shm == [], "node-local state left in /dev/shm"
     assert view["attempts"] and all(a["state"] != "running" for a in view["attempts"]), view["attempts"]
     assert leases == 0, "the lease was released"
+    assert [st for a in view["attempts"] for st, _ in a["steps"]] == written, "every row the trainer wrote is in the ledger"
+    assert view["exclusions"] == [], "a full disk is no node's fault"
+    assert view["stage"] == "failed" and "file system is full" in (view["verdict"] or ""), view["verdict"]
