@@ -72,7 +72,9 @@ class WatchdogPolicy(StrictModel):
     warmup_steps: int = Field(default=3, ge=0)
     """Steps after (re)start whose times are irregular (allocator, first collectives)."""
     warmup_s: float = Field(default=30.0, gt=0)
-    """Budget per step during those warm-up steps."""
+    """Budget per step during those warm-up steps. In a relaunch (the stage measured the step
+    at this size before), a stall pattern the heartbeats show there is called on the measured
+    step's budget instead; silence alone still waits this."""
     exit_s: float = Field(default=60.0, gt=0)
     """Once every rank is done, how long the launch may take to exit."""
     drill_s: float = Field(default=90.0, ge=0)
