@@ -441,6 +441,7 @@ def main() -> None:
                                                                                           "node"))), f["kind"])
                      for f in faults]
             runs: dict[str, list[dict[str, Any]]] = {label: [] for label in wanted}
+            warmup_steps = WatchdogPolicy().warmup_steps  # the runs keep the watchdog's default
             for r in range(args.repeats):
                 seed = seeds[r]
                 if r:
@@ -464,7 +465,7 @@ def main() -> None:
                                lost_by_kind=list(zip(kinds, lost_per_fault(out, faults, step_s))),
                                detected_by_kind=[(k, out["detail"][i].get("detected_after_s"))
                                                  for i, k in enumerate(kinds) if i < len(out["detail"])])
-                    out["measured_hangs"], out["early_hangs"] = measured_hangs(out, faults, WatchdogPolicy().warmup_steps)
+                    out["measured_hangs"], out["early_hangs"] = measured_hangs(out, faults, warmup_steps)
                     runs[label].append(out)
                     g = out["goodput"]
                     print(f"{label} (repeat {r + 1}): {out['verdict']} [{', '.join(out['classes'])}]; ETTR {g['ettr']}, "

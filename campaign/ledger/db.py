@@ -271,11 +271,10 @@ class Ledger:
 
     def disk_full_error(self, e: BaseException, what: str | None = None) -> DiskFull:
         """The one line for a write that met a full disk (while doing `what`)."""
-        where = self.reserve_path.parent if self.reserve_path is not None else self.display_url
+        where = f"in {self.reserve_path.parent}" if self.reserve_path is not None else "on the database server"
         cause = e.orig if isinstance(e, sa.exc.DBAPIError) else e
         full = DiskFull(f"the ledger at {self.display_url} cannot be written{f' while {what}' if what else ''}: "
-                        "its file system is full "
-                        f"({cause}); free space in {where}, then `campaign resume` continues")
+                        f"its file system is full ({cause}); free space {where}, then `campaign resume` continues")
         full.cause = cause  # type: ignore[attr-defined]
         return full
 
@@ -385,7 +384,8 @@ def _revision(engine: sa.Engine) -> tuple[str | None, bool]:
             current = schema.current_revision(conn)
             return current, current is None and not sa.inspect(conn).get_table_names()
     except sa.exc.DBAPIError as e:
-        raise explain(e, engine) or LedgerError(f"cannot open the ledger at {_shown(engine)}: {e.orig}{_full(engine)}") from None
+        raise explain(e, engine) or LedgerError(
+            f"cannot open the ledger at {_shown(engine)}: {e.orig}{_full(engine)}") from None
 
 
 SCHEMA_LOCK_KEY = 0x63616D70
@@ -449,7 +449,8 @@ def explained(engine: sa.Engine) -> Iterator[None]:
     try:
         yield
     except sa.exc.DBAPIError as e:
-        raise explain(e, engine) or LedgerError(f"cannot use the ledger at {_shown(engine)}: {e.orig}{_full(engine)}") from None
+        raise explain(e, engine) or LedgerError(
+            f"cannot use the ledger at {_shown(engine)}: {e.orig}{_full(engine)}") from None
 
 
 def _full(engine: sa.Engine) -> str:
