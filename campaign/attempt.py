@@ -198,6 +198,9 @@ class AttemptRequest(StrictModel):
     deadline_from: Literal["block", "attempt"] = "block"
     interrupt: Interrupt | None = None
     watchdog: WatchdogPolicy = WatchdogPolicy()
+    measured_step_s: list[float] = []
+    """Step times this stage already measured at this size (the ledger's, earlier attempts'
+    steady steps, newest last): a relaunch's watchdog starts from them (`Watch.prior_step_times`)."""
 
     @property
     def hostfile(self) -> Path:

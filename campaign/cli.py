@@ -632,6 +632,7 @@ def nodes_include(node: str, site: str | None, db_url: str | None, workdir: Path
     """Lift the exclusions of NODE on a site (site-wide ones and every campaign's)."""
     from campaign import commands
 
+    commands.check_exclusion(node, site)  # before the ledger is opened
     ledger = _open(db_url, workdir, create=False)
     try:
         site = site or commands.default_site(ledger)
@@ -838,7 +839,7 @@ def _write_export(rows: Any, what: str, fmt: str, out_file: Path | None) -> int:
     from campaign import commands
 
     if out_file is None:
-        return commands.write_export(rows, what, fmt, sys.stdout)
+        return commands.write_export_stdout(rows, what, fmt, sys.stdout)
     return commands.write_export_file(rows, what, fmt, out_file)
 
 

@@ -12,6 +12,7 @@ back. Each takes an open `Ledger` (or plain data), returns data, and raises the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -504,9 +505,27 @@ def write_export_file(rows: Iterator[dict[str, Any]], what: str, fmt: str, path:
         with os.fdopen(fd, "w", newline="") as out:
             n = write_export(rows, what, fmt, out)
         os.replace(tmp, path)
+    except OSError as e:  # a full disk, a quota: nothing written, one line
+        Path(tmp).unlink(missing_ok=True)
+        raise CampaignError(f"--out {path}: cannot write there ({e.strerror or e}); nothing was written") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return n
+
+
+def write_export_stdout(rows: Iterator[dict[str, Any]], what: str, fmt: str, out: Any) -> int:
+    """`write_export` to standard output (`out`); a write that fails there (a shell redirect
+    onto a full disk, a closed pipe) is one CampaignError, and nothing more is written."""
+    try:
+        n = write_export(rows, what, fmt, out)
+        out.flush()
+    except OSError as e:
+        # What is still buffered would fail again when the interpreter flushes it at exit.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+        raise CampaignError(f"writing the export to standard output: {e.strerror or e}; use --out FILE "
+                            "on a file system with room") from None
     return n
 
 
@@ -631,6 +650,7 @@ def check_exclusion(node: str, site: str) -> None:
     from campaign import names
     from campaign.ledger.models import Exclusion
 
+    names.check_node(node, "NODE")
     names.check_length(node, Exclusion.__table__.c.node.type.length, "NODE")
     names.check_length(site, Exclusion.__table__.c.site.type.length, "--site")
 
@@ -640,6 +660,7 @@ def include_node(ledger: Ledger, node: str, site: str) -> int:
     CampaignError when it was not excluded."""
     from campaign.ledger import writes
 
+    check_exclusion(node, site)
     with ledger.session() as s:
         n = writes.include_node(s, site=site, node=node)
     if n == 0:

@@ -28,7 +28,7 @@ import sqlalchemy as sa
 from campaign import goodput, observe, stages
 from campaign.attempt import version_root
 from campaign.block import Block
-from campaign.errors import CampaignConflict, LeaseLost, LedgerError, WorkdirError
+from campaign.errors import CampaignConflict, CampaignError, LeaseLost, LedgerError, WorkdirError
 from campaign.lease import RELEASE_WAIT_S, DriverLease
 from campaign.ledger import Ledger
 from campaign.ledger import reads, writes
@@ -141,16 +141,32 @@ class Engine:
         self.workdir, self.campaign_dir = recorded.parent, recorded
         self.block.campaign_dir = recorded
 
+    def _check_campaign_dir(self) -> None:
+        """Before the ledger is written: the campaign's folder (WORKDIR/NAME) must be a folder of
+        its own, not the SQLite ledger's file or one of its companions (`name: ledger.db`), nor
+        any other file."""
+        d, db = self.campaign_dir, self.ledger.sqlite_path
+        name = self.spec.name
+        if db is not None and d.parent == db.parent and (d.name == db.name or d.name.startswith((f"{db.name}-",
+                                                                                                   f"{db.name}."))):
+            raise CampaignError(f"name: {name!r} would put the campaign's run directories in {d}, the ledger's own "
+                                f"file ({db.name} or a companion of it) in {d.parent}: choose another campaign name")
+        if d.exists() and not d.is_dir():
+            raise CampaignError(f"name: {name!r}: {d} is a file, not the campaign's folder: choose another campaign "
+                                "name, or move that file")
+
     @property
     def site_name(self) -> str:
         return self.spec.site.kind
 
     def submit(self, source: str = "", *, new_version: bool = False) -> int:
         """Run every stage not yet passed, in order. 0 if all passed, 1 if one failed, 130 if cancelled."""
+        self._check_campaign_dir()
         self.register(source, new_version=new_version)
         assert self.campaign_id is not None
         lease = DriverLease(self.ledger, self.campaign_id, on_lost=self._lease_lost)
         lease.acquire()
+        self.ledger.keep_reserve()  # room for the last writes should the disk fill up (DiskFull)
         previous = self._install_signal_handlers()
         self.ledger.listeners.append(self.observer.events)  # every committed event, from here on
         try:
@@ -194,6 +210,9 @@ class Engine:
             if todo:
                 with self.block.loaded():
                     self._run_stages(todo)
+        except WorkdirError as e:  # a full disk (DiskFull) or a work directory it cannot write
+            self._record_stop(e)
+            raise
         except Cancelled:
             try:
                 return self._finish_campaign(cancelled=True)
@@ -202,6 +221,25 @@ class Engine:
                                     f"running; `campaign resume {self.spec.name}` continues it")
                 return EXIT_CANCELLED
         return self._finish_campaign()
+
+    def _record_stop(self, e: WorkdirError) -> None:
+        """Say in the ledger why the driver stops on a full disk or a work directory it cannot
+        write: the running stage and the campaign `failed` with that reason (`campaign resume`
+        continues them once there is room), with the ledger's reserve (`Ledger.closing`). With
+        no room even so, they stay `running` until the next driver."""
+        self.ledger.closing = True
+        why = str(e).splitlines()[0]
+        try:
+            for unit in self.writes("recording why the driver stops"):
+                with unit as s:
+                    c = s.get(Campaign, self.campaign_id)
+                    assert c is not None
+                    for r in reads.current_stage_runs(s, c):
+                        if r.state == "running":
+                            writes.set_stage_state(s, r, "failed", verdict=f"stopped: {why}")
+                    writes.set_campaign_state(s, c, "failed", f"the driver stopped: {why}")
+        except CampaignError:
+            pass
 
     def _run_stages(self, todo: list[tuple[StageRun, StageSpec]]) -> None:
         failed: str | None = None

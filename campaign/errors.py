@@ -9,6 +9,7 @@
     │   └── LeaseLost        another driver took this driver's lease: it stops, trainers untouched (exit 2)
     ├── SiteError            the site cannot provide what a stage asks for (exit 2)
     ├── WorkdirError         the work directory cannot be written (full, read-only) (exit 2)
+    │   └── DiskFull         the ledger's or the work directory's file system is full (exit 2)
     ├── DataError            a token file, its sidecar, a tokenizer or a text corpus cannot be used (exit 2)
     └── RemoteError          a Globus Compute endpoint cannot be used: credentials, versions, reach (exit 2)
 """
@@ -66,6 +67,12 @@ class DataError(CampaignError):
 class WorkdirError(CampaignError):
     """The driver cannot write in the work directory (ENOSPC, read-only): nothing a stage did
     wrong; the campaign stays resumable once there is room."""
+
+
+class DiskFull(WorkdirError):
+    """The file system of the ledger (SQLite) or of the run directories is full (ENOSPC,
+    EDQUOT): the driver stops its launch, records the stop with the ledger's reserve
+    (`Ledger.keep_reserve`) and exits; `campaign resume` continues once there is room."""
 
 
 class RemoteError(CampaignError):

@@ -21,7 +21,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from campaign.errors import CampaignConflict, LedgerError
+from campaign.errors import CampaignConflict, DiskFull, LedgerError
 from campaign.ledger import Ledger
 from campaign.ledger import reads, writes
 from campaign.ledger.models import Campaign, Lease, db_utcnow
@@ -155,8 +155,8 @@ class DriverLease:
                     c = s.get(Campaign, self.campaign_id)
                     if c is not None:
                         writes.drop_lease(s, c, self.token)
-        except LedgerError:
-            pass  # still unreachable: the lease outlives this process, and a resume here takes it over
+        except (LedgerError, DiskFull):
+            pass  # still unreachable (or no room): the lease outlives this process, a resume here takes it over
 
 
 def is_live(held: Any, now: dt.datetime) -> bool:

@@ -11,6 +11,7 @@ and it fits the ledger's name columns (String(MAX_LENGTH)), so no database refus
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from campaign.errors import CampaignError
 
@@ -36,6 +37,29 @@ def problem(value: str) -> str | None:
 def check(value: str, what: str) -> str:
     """`value` if it is a valid name; else CampaignError (exit 2) naming `what` (e.g. "NAME")."""
     why = problem(value)
+    if why is not None:
+        raise CampaignError(f"{what}: {value!r} {why}")
+    return value
+
+
+NODE_RULE = "a node name is one word: no control characters (newlines, tabs, escapes), spaces or commas"
+
+
+def node_problem(value: str) -> str | None:
+    """Why `value` cannot be a node name (one phrase), or None. Node names go into hostfiles
+    (one per line), `srun --exclude` lists (comma-separated) and the ledger: a newline in one
+    made `campaign nodes list` show two nodes."""
+    if not value:
+        return f"is empty: {NODE_RULE}"
+    bad = sorted({c for c in value if unicodedata.category(c).startswith("C") or c.isspace() or c == ","})
+    if bad:
+        return f"holds {', '.join(repr(c) for c in bad)}: {NODE_RULE}"
+    return None
+
+
+def check_node(value: str, what: str) -> str:
+    """`value` if it is a valid node name; else CampaignError (exit 2) naming `what` (e.g. "NODE")."""
+    why = node_problem(value)
     if why is not None:
         raise CampaignError(f"{what}: {value!r} {why}")
     return value

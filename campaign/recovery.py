@@ -13,6 +13,8 @@ trainer processes whose environment names the attempt's run directory).
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import signal
@@ -184,8 +186,9 @@ def stop_orphan(run_dir: Path, site: Site, *, confirm_s: float | None = None) ->
     confirm_s = CONFIRM_S if confirm_s is None else confirm_s
     existed = run_dir.is_dir()
     if existed or run_dir.parent.parent.is_dir():  # deleted under the attempt: ours to make again, in its campaign's folder
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / STOP_FILE).touch()  # a supervisor or guard that still lives stops the launch
+        with contextlib.suppress(OSError):  # a full disk: the process groups below are killed all the same
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / STOP_FILE).touch()  # a supervisor or guard that still lives stops the launch
     here = socket.gethostname()
     start = last_change = time.monotonic()
     seen = _activity(run_dir)

@@ -272,12 +272,14 @@ class Reporter:
         )
 
     # --- the training loop's calls ---------------------------------------------------
-    def phase(self, phase: str, step: int) -> None:
-        """Say what this rank does now (one of PHASES) and at which step. Cheap: memory only."""
+    def phase(self, phase: str, step: int, *, timed: bool = True) -> None:
+        """Say what this rank does now (one of PHASES) and at which step. Cheap: memory only.
+        `timed=False`: this move from compute to a collective is not the step's gradient
+        collective, so it does not count towards the compute time per step."""
         with self._lock:
             if phase != self._state["phase"] or step != self._state["step"]:
                 now = time.time()
-                if self._state["phase"] == "compute" and phase == "collective":
+                if self._state["phase"] == "compute" and phase == "collective" and timed:
                     # Time this rank computed before joining the collective: a straggler's
                     # is k times its peers' (EMA, so one slow step does not make a straggler).
                     took = now - self._state["since"]

@@ -12,6 +12,7 @@ it runs (idempotent per step). Only the driver process writes the ledger.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -24,9 +25,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from campaign import contract, evidence, exits, goodput, reference, report, rundir
 from campaign.attempt import AttemptReport, AttemptRequest, Interrupt, build_request, no_rank_started, trainer_config
-from campaign.errors import WorkdirError
+from campaign.errors import CampaignError, DiskFull, WorkdirError
 from campaign.ledger import reads, writes
-from campaign.ledger.db import transient
+from campaign.ledger.db import disk_full, transient
 from campaign.ledger.models import Attempt, StageRun, utcnow
 from campaign.stagebase import NoRankStarted
 from campaign.watchdog import WatchdogPolicy
@@ -99,6 +100,7 @@ class StageContext:
         self._bad_rows: dict[int, dict[str, Any]] = {}  # attempt id -> summary["bad_metric_rows"] so far
         self._read_at: dict[int, tuple[int, report.StepChain]] = {}  # attempt id -> (next line, its rows) of metrics.jsonl
         self._drills: dict[int, str] = {}  # attempt id -> the drill it ran (spec faults), for scoped exclusions
+        self._ingested_to: dict[int, int] = {}  # attempt id -> byte offset of metrics.jsonl ingested so far
 
     @property
     def ledger(self) -> Ledger:
@@ -265,6 +267,9 @@ class StageContext:
                 number, attempt_id = a.number, a.id
                 excluded = sorted({e.node for e in reads.list_exclusions(s, self.engine.site_name,
                                                                          for_campaign=run.campaign_id)})
+                policy = watchdog or WatchdogPolicy()
+                measured = reads.measured_step_times(s, run.id, nodes=n, ranks_per_node=self.spec.site.ranks_per_node,
+                                                     skip=policy.warmup_steps)
         run_dir = rundir.attempt_dir(self.stage_dir, number)
         if faults:
             self._drills[attempt_id] = "a fault the spec injects"
@@ -277,6 +282,8 @@ class StageContext:
                                 interrupt=Interrupt.model_validate(interrupt) if interrupt else None)
         if rotate:
             request = request.model_copy(update={"rotate": rotate})
+        if measured:
+            request = request.model_copy(update={"measured_step_s": measured})
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
             request.config_path.write_text(config.model_dump_json(indent=2))
@@ -286,20 +293,46 @@ class StageContext:
         self._read_at[attempt_id] = (1, _chain(request, steps))
         self.engine.progress.attempt_started(self.run.name, number, n, steps, label)
         self.engine.current_run_dir = run_dir
-        rep, offset = self._supervise(request, attempt_id, steps)
-        if rep.short_of_nodes and self.engine.block.renew(excluded):
-            # The block has too few usable nodes left (spares spent): a new block, then again.
+        try:
             rep, offset = self._supervise(request, attempt_id, steps)
-        elif rep.block_failed and self.engine.block.restart(rep.error or ""):
-            # Parsl gives up on an executor whose block never started; a fresh load, then again.
-            rep, offset = self._supervise(request, attempt_id, steps)
-        self.engine.current_run_dir = None
-        self._ingest(attempt_id, run_dir, offset, steps, last=True)
-        outcome = self._finish(attempt_id, number, run_dir, rep, ckpt, _chain(request, steps))
+            if rep.short_of_nodes and self.engine.block.renew(excluded):
+                # The block has too few usable nodes left (spares spent): a new block, then again.
+                rep, offset = self._supervise(request, attempt_id, steps)
+            elif rep.block_failed and self.engine.block.restart(rep.error or ""):
+                # Parsl gives up on an executor whose block never started; a fresh load, then again.
+                rep, offset = self._supervise(request, attempt_id, steps)
+            self.engine.current_run_dir = None
+            self._ingest(attempt_id, run_dir, offset, steps, last=True)
+            outcome = self._finish(attempt_id, number, run_dir, rep, ckpt, _chain(request, steps))
+        except (DiskFull, OSError) as e:
+            if not disk_full(e):
+                raise
+            full = e if isinstance(e, DiskFull) else DiskFull(
+                f"cannot write in {run_dir}: {e.strerror or e}; free space there, then `campaign resume "
+                f"{self.spec.name}` continues")
+            self._stopped_by_full_disk(attempt_id, run_dir, steps, full)
+            raise full from None
         why = no_rank_started(rep, ranks_wrote=bool(outcome.metrics or (outcome.startup or {}).get("ranks")))
         if why is not None:
             raise NoRankStarted(why, number)
         return outcome
+
+    def _stopped_by_full_disk(self, attempt_id: int, run_dir: Path, steps: int, e: DiskFull) -> None:
+        """The ledger's or the run directory's disk is full under the attempt: stop its launch
+        (nothing may train on unrecorded), see it gone, then close its row with what it left,
+        with the ledger's reserve (`Ledger.closing`). The driver then stops (DiskFull, exit 2)."""
+        stopped = self._stop_launch(run_dir)
+        self.engine.current_run_dir = None
+        self.ledger.closing = True
+        with contextlib.suppress(CampaignError):  # no room even so: `resume` adopts the rows from metrics.jsonl
+            self._ingest(attempt_id, run_dir, self._ingested_to.get(attempt_id, 0), steps, last=True)
+        for unit in self.engine.writes("recording the attempt stopped by a full disk"):
+            with unit as s:
+                a = s.get(Attempt, attempt_id)
+                assert a is not None
+                if a.state == "running":
+                    writes.finish_attempt(s, a, state="crashed_systemic", exit_code=None, suspects=[],
+                                          summary={"error": f"{e}; {stopped}", "last_step": _last_step(run_dir)})
 
     def _unlaunched(self, attempt_id: int, run_dir: Path, e: OSError) -> NoReturn:
         """Close the attempt row of a launch the driver could not prepare, and stop the driver
@@ -352,7 +385,8 @@ class StageContext:
         from campaign.recovery import stop_orphan
 
         stopped = stop_orphan(run_dir, self.spec.site)
-        (run_dir / rundir.STOP_FILE).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            (run_dir / rundir.STOP_FILE).unlink(missing_ok=True)
         return stopped
 
     def _ingest(self, attempt_id: int, run_dir: Path, offset: int, steps: int, *, last: bool = False) -> int:
@@ -386,6 +420,7 @@ class StageContext:
                 self.engine.ledger_unreachable(e)
                 return offset  # read again at the next tick: nothing counted twice
         self._read_at[attempt_id] = (got.line, chain)
+        self._ingested_to[attempt_id] = got.offset
         if bad is not None and earlier is None:
             self.engine.progress.event(f"warning: {self.run.name} attempt {number}: {reads.bad_rows_line(bad)}")
         if bad is not None:

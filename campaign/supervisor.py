@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from campaign import contract, evidence, exits, guard, report, rundir, watchdog
+from campaign import contract, evidence, exits, guard, names, report, rundir, watchdog
 from campaign.attempt import LAUNCH_FAILED, AttemptReport, AttemptRequest, Interrupt
 from campaign.executors import warm
 from campaign.rundir import PIDS_FILE, STOP_FILE
@@ -163,7 +163,11 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
     run_dir = Path(request.run_dir)
     (run_dir / rundir.LOGS_DIR).mkdir(parents=True, exist_ok=True)
     start = time.time()
-    allocation = list(request.allocation or block_nodes())
+    try:
+        allocation = list(request.allocation or block_nodes())
+    except ValueError as e:  # the scheduler named a node no launcher can take
+        out = AttemptReport(exit_code=exits.NO_RETRY, exit_class="config_error", duration_s=0.0, nodes=[], error=str(e))
+        return _finish(run_dir, out)
     excluded = set(request.exclude)
     usable = [h for h in allocation if h not in excluded]
     n = request.nodes
@@ -261,18 +265,30 @@ def _finish(run_dir: Path, out: AttemptReport) -> dict[str, Any]:
 
 
 def block_nodes() -> list[str]:
-    """The nodes of the block this worker runs in, in the scheduler's order."""
+    """The nodes of the block this worker runs in, in the scheduler's order, one per line of
+    its node file. A line that is not a node name (`names.node_problem`: a control
+    character, a space) is a ValueError naming the file and the line."""
     nodefile = os.environ.get("PBS_NODEFILE")
     if nodefile and Path(nodefile).exists():
-        seen: dict[str, None] = {}
-        for line in Path(nodefile).read_text().split():
-            seen.setdefault(line.strip(), None)
-        return list(seen)
+        return _node_lines(Path(nodefile).read_text(errors="replace"), f"PBS_NODEFILE {nodefile}")
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
     if nodelist:
         out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
-        return out.stdout.split()
+        return _node_lines(out.stdout, f"`scontrol show hostnames {nodelist!r}`")
     return [socket.gethostname()]
+
+
+def _node_lines(text: str, source: str) -> list[str]:
+    seen: dict[str, None] = {}
+    for number, line in enumerate(text.split("\n"), 1):  # not splitlines(): it splits at \x1c, \x85 too
+        node = line.strip()
+        if not node:
+            continue
+        why = names.node_problem(node)
+        if why is not None:
+            raise ValueError(f"{source}, line {number}: {node!r} {why}; the scheduler's node list is not usable")
+        seen.setdefault(node, None)
+    return list(seen)
 
 
 def _prepare(request: AttemptRequest, run_dir: Path, active: list[str]) -> None:
@@ -455,7 +471,7 @@ def _watch(launch: _Launch, request: AttemptRequest, active: list[str], start: f
     """Wait for the launch; stop it on a stall, a failed rank, the hard timeout, STOP or an interrupt."""
     run_dir = Path(request.run_dir)
     policy = request.watchdog
-    watch = watchdog.Watch(started=start)
+    watch = watchdog.Watch(started=start, prior_step_times=list(request.measured_step_s))
     interrupt = request.interrupt
     timeout = request.timeout_s
     offsets = {"metrics": 0, "events": 0}

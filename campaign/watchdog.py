@@ -4,7 +4,10 @@ Progress-based, not stdout-silence: a launch is stalled when no new step has bee
 for longer than the budget of the phase it is in:
 
     startup      launch until the first step (imports, rendezvous, checkpoint load)
-    warmup       the first `warmup_steps` steps: max(steady budget, warmup_s)
+    warmup       the first `warmup_steps` steps: max(steady budget, warmup_s); in a relaunch
+                 (`Watch.prior_step_times`: the step times the stage already measured at
+                 this size), a stall pattern the heartbeats show is called on the steady
+                 budget of those times, not after warmup_s (issue 39)
     steady       step_factor x p99 step time + floor_s; or, once the heartbeats show a
                  stall pattern, confirmed_floor_s in place of floor_s, on
                  - step_factor x the slowest rank's compute time per step (the phase the
@@ -69,7 +72,9 @@ class WatchdogPolicy(StrictModel):
     warmup_steps: int = Field(default=3, ge=0)
     """Steps after (re)start whose times are irregular (allocator, first collectives)."""
     warmup_s: float = Field(default=30.0, gt=0)
-    """Budget per step during those warm-up steps."""
+    """Budget per step during those warm-up steps. In a relaunch (the stage measured the step
+    at this size before), a stall pattern the heartbeats show there is called on the measured
+    step's budget instead; silence alone still waits this."""
     exit_s: float = Field(default=60.0, gt=0)
     """Once every rank is done, how long the launch may take to exit."""
     drill_s: float = Field(default=90.0, ge=0)
@@ -116,6 +121,11 @@ class Watch:
     compute_s: float | None = None
     """The slowest rank's compute time per step (the EMA its heartbeat carries: from the
     step's start until it joins the gradient collective), once the heartbeats have one."""
+    prior_step_times: list[float] = field(default_factory=list)
+    """Step times of earlier attempts of this stage at this size (the ledger's,
+    `reads.measured_step_times`): until this attempt has steady steps of its own, its
+    budgets start from them, so a hang in a relaunch's first steps is called as fast as
+    one later on."""
 
     def __post_init__(self) -> None:
         self.last_progress = self.started
@@ -165,8 +175,17 @@ def p99(values: list[float]) -> float:
 
 def _steady(w: Watch, policy: WatchdogPolicy) -> list[float]:
     """The last 200 step times after warm-up: the current regime (the first steps of an
-    attempt, with allocator and collective warm-up, would inflate its statistics)."""
-    return (w.step_times[policy.warmup_steps:] or w.step_times)[-200:]
+    attempt, with allocator and collective warm-up, would inflate its statistics). Before
+    this attempt has any past its warm-up, the earlier attempts' steady ones
+    (`prior_step_times`), where there are any; else its warm-up steps."""
+    own = w.step_times[policy.warmup_steps:]
+    return (own or w.prior_step_times or w.step_times)[-200:]
+
+
+def measured(w: Watch, policy: WatchdogPolicy) -> bool:
+    """Whether the steady budgets have step times to stand on in this phase: this attempt is
+    past its warm-up, or earlier attempts measured the step (a relaunch)."""
+    return w.steps_seen > policy.warmup_steps or bool(w.prior_step_times)
 
 
 def steady_p99(w: Watch, policy: WatchdogPolicy) -> float:
@@ -203,6 +222,9 @@ def decide(w: Watch, policy: WatchdogPolicy, now: float, confirmed: str | None =
     else:
         budget = policy.step_factor * steady_p99(w, policy) + floor
     if w.steps_seen <= policy.warmup_steps:
+        if confirmed and floor < policy.floor_s and w.prior_step_times:
+            # A relaunch: the heartbeats show the stall and earlier attempts measured the step.
+            return Decision(idle > budget, "warmup", idle, budget, confirmed)
         return Decision(idle > max(budget, policy.warmup_s), "warmup", idle, max(budget, policy.warmup_s))
     return Decision(idle > budget, "steady", idle, budget, confirmed if floor < policy.floor_s else None)
 
@@ -220,7 +242,7 @@ def early_budget(w: Watch, policy: WatchdogPolicy) -> float | None:
     heartbeats are worth reading for the stall pattern; None outside the steady phase."""
     if w.exiting_since is not None or w.in_checkpoint_since is not None or w.last_step == 0:
         return None
-    if w.steps_seen <= policy.warmup_steps or policy.confirmed_floor_s >= policy.floor_s:
+    if not measured(w, policy) or policy.confirmed_floor_s >= policy.floor_s:
         return None
     return pattern_s(w, policy) + policy.confirmed_floor_s
 

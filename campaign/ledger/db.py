@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import errno
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -22,7 +23,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from campaign.errors import LeaseLost, LedgerError, NoLedger
+from campaign.errors import DiskFull, LeaseLost, LedgerError, NoLedger
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,21 @@ def transient(e: BaseException) -> bool:
     return any(t in text for t in _TRANSIENT)
 
 
+_FULL = ("database or disk is full", "no space left on device", "disk quota exceeded")
+
+RESERVE_BYTES = 2 * 1024 * 1024
+"""The driver keeps this much of the SQLite ledger's file system for its last writes
+(`Ledger.keep_reserve`): the attempt's end, the stage's and campaign's state, the lease's release."""
+
+
+def disk_full(e: BaseException) -> bool:
+    """Whether an error says the file system is full (ENOSPC, EDQUOT; SQLite's SQLITE_FULL)."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(e.orig if isinstance(e, sa.exc.DBAPIError) else e).lower()
+    return any(t in text for t in _FULL)
+
+
 def _sleep(seconds: float, interrupted: Callable[[], BaseException | None] | None) -> None:
     """Sleep, but raise what `interrupted()` returns as soon as it returns something."""
     end = time.monotonic() + seconds
@@ -138,8 +154,8 @@ class _Try:
     """One try of a unit of work (see `Ledger.retrying`): a session that commits, and
     swallows a transient error so the loop can try again."""
 
-    def __init__(self, ledger: Ledger, *, fenced: bool = True) -> None:
-        self.ledger, self.ok, self.error, self.fenced = ledger, False, None, fenced
+    def __init__(self, ledger: Ledger, *, fenced: bool = True, what: str | None = None) -> None:
+        self.ledger, self.ok, self.error, self.fenced, self.what = ledger, False, None, fenced, what
         self._cm: Any = None
 
     def __enter__(self) -> Session:
@@ -149,6 +165,11 @@ class _Try:
     def __exit__(self, kind: Any, value: Any, tb: Any) -> bool:
         try:
             self._cm.__exit__(kind, value, tb)  # commits, or rolls back and re-raises
+        except DiskFull as e:
+            if not self.ledger.release_reserve():  # only while the driver records its stop
+                raise self.ledger.disk_full_error(getattr(e, "cause", e), self.what) from None
+            self.error = e  # the reserve made room: again
+            return True
         except Exception as e:
             if not transient(e):
                 raise
@@ -179,6 +200,9 @@ class Ledger:
     (`writes.add_event`; the driver's observers: TensorBoard, W&B, notifications). A
     listener must not raise (one that does is logged): the commit has happened, and the
     unit of work must not be tried again."""
+    closing: bool = False
+    """Set by a driver that stops on a full disk (`DiskFull`): a write that finds the disk full
+    then releases the reserve (`keep_reserve`) and tries again, once."""
 
     def retrying(self, what: str, *, outage_s: float | None = None,
                  warn: Callable[[str], None] | None = None, fenced: bool = True,
@@ -198,10 +222,12 @@ class Ledger:
         limit = OUTAGE_S if outage_s is None else outage_s
         start, delay, told = time.monotonic(), 0.25, False
         while True:
-            unit = _Try(self, fenced=fenced)
+            unit = _Try(self, fenced=fenced, what=what)
             yield unit
             if unit.ok:
                 return
+            if isinstance(unit.error, DiskFull):
+                continue  # the reserve was released (`closing`): room for this write now
             waited = time.monotonic() - start
             if waited > limit:
                 raise LedgerError(f"the ledger at {self.display_url} did not answer for {waited:.0f} s while "
@@ -212,6 +238,58 @@ class Ledger:
                 told = True
             _sleep(delay, interrupted)
             delay = min(delay * 2, 5.0)
+
+    @property
+    def sqlite_path(self) -> Path | None:
+        """The SQLite ledger's file (its companions `-wal`, `-shm`, `-journal`, `.lock` and
+        `.reserve` beside it); None for Postgres or in memory."""
+        url = self.engine.url
+        if not url.drivername.startswith("sqlite") or not url.database or url.database == ":memory:":
+            return None
+        return Path(url.database).resolve()
+
+    @property
+    def reserve_path(self) -> Path | None:
+        """`<ledger>.reserve` beside a SQLite ledger file; None for Postgres or in memory."""
+        path = self.sqlite_path
+        return None if path is None else path.with_name(path.name + ".reserve")
+
+    def keep_reserve(self) -> None:
+        """Keep RESERVE_BYTES of the SQLite ledger's file system for a driver's last writes: a
+        file of zeros (written, not sparse) that `release_reserve` deletes when the disk is
+        full. Where there is no room for it now, nothing (the driver will meet the full disk)."""
+        path = self.reserve_path
+        if path is None or (path.exists() and path.stat().st_size >= RESERVE_BYTES):
+            return
+        try:
+            with open(path, "wb") as f:
+                for _ in range(RESERVE_BYTES // 65536):
+                    f.write(bytes(65536))
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+    def release_reserve(self) -> bool:
+        """While `closing`: delete the reserve so the next write has room; whether it did."""
+        path = self.reserve_path
+        if not self.closing or path is None:
+            return False
+        try:
+            path.unlink()
+        except OSError:
+            return False
+        return True
+
+    def disk_full_error(self, e: BaseException, what: str | None = None) -> DiskFull:
+        """The one line for a write that met a full disk (while doing `what`)."""
+        where = f"in {self.reserve_path.parent}" if self.reserve_path is not None else "on the database server"
+        cause = e.orig if isinstance(e, sa.exc.DBAPIError) else e
+        full = DiskFull(f"the ledger at {self.display_url} cannot be written{f' while {what}' if what else ''}: "
+                        f"its file system is full ({cause}); free space {where}, then `campaign resume` continues")
+        full.cause = cause  # type: ignore[attr-defined]
+        return full
 
     @contextlib.contextmanager
     def session(self, *, fenced: bool = True) -> Iterator[Session]:
@@ -228,6 +306,8 @@ class Ledger:
             made = s.info.pop(COMMITTED_EVENTS, ())
         except BaseException as e:
             s.rollback()
+            if isinstance(e, Exception) and not isinstance(e, DiskFull) and disk_full(e):
+                raise self.disk_full_error(e) from None
             broken = explain(e, self.engine) if isinstance(e, Exception) and not transient(e) else None
             if broken is not None:
                 raise broken from e
@@ -333,7 +413,8 @@ def _revision(engine: sa.Engine) -> tuple[str | None, bool]:
             current = schema.current_revision(conn)
             return current, current is None and not sa.inspect(conn).get_table_names()
     except sa.exc.DBAPIError as e:
-        raise explain(e, engine) or LedgerError(f"cannot open the ledger at {_shown(engine)}: {e.orig}") from None
+        raise explain(e, engine) or LedgerError(
+            f"cannot open the ledger at {_shown(engine)}: {e.orig}{_full(engine)}") from None
 
 
 SCHEMA_LOCK_KEY = 0x63616D70
@@ -397,7 +478,21 @@ def explained(engine: sa.Engine) -> Iterator[None]:
     try:
         yield
     except sa.exc.DBAPIError as e:
-        raise explain(e, engine) or LedgerError(f"cannot use the ledger at {_shown(engine)}: {e.orig}") from None
+        raise explain(e, engine) or LedgerError(
+            f"cannot use the ledger at {_shown(engine)}: {e.orig}{_full(engine)}") from None
+
+
+def _full(engine: sa.Engine) -> str:
+    """'; its file system is full: free space in DIR' where the SQLite ledger's file system has
+    no room left (SQLite says 'disk I/O error' when it cannot even map its -shm file), else ''."""
+    db = engine.url.database if engine.url.drivername.startswith("sqlite") else None
+    if not db or db == ":memory:":
+        return ""
+    try:
+        st = os.statvfs(Path(db).parent)
+    except OSError:
+        return ""
+    return f"; its file system is full: free space in {Path(db).parent}" if st.f_bavail * st.f_frsize < 65536 else ""
 
 
 def _shown(engine: sa.Engine) -> str:

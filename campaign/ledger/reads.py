@@ -48,6 +48,27 @@ def list_steps(s: Session, attempt_id: int) -> Sequence[StepMetric]:
     return s.scalars(q).all()
 
 
+def measured_step_times(s: Session, stage_run_id: int, *, nodes: int, ranks_per_node: int, skip: int,
+                        limit: int = 200) -> list[float]:
+    """Step times this stage run already measured at this size: the `step_time_s` of its earlier
+    attempts on `nodes` nodes x `ranks_per_node` (the same model, batch and ranks), each attempt's
+    first `skip` steps left out (their warm-up), the newest `limit` in step order. A relaunch's
+    watchdog starts from them (`watchdog.Watch.prior_step_times`)."""
+    runs = s.execute(sa.select(Attempt.id, Attempt.nodes, Attempt.ranks_per_node, Attempt.summary)
+                     .where(Attempt.stage_run_id == stage_run_id).order_by(Attempt.number.desc())).all()
+    out: list[float] = []
+    for attempt_id, names, rpn, summary in runs:
+        if rpn != ranks_per_node or int((summary or {}).get("node_count") or len(names or [])) != nodes:
+            continue
+        q = (sa.select(StepMetric.step_time_s).where(StepMetric.attempt_id == attempt_id,
+                                                     StepMetric.step_time_s.is_not(None))
+             .order_by(StepMetric.step).offset(skip))
+        out = [float(t) for t in s.scalars(q).all() if t > 0][-(limit - len(out)):] + out
+        if len(out) >= limit:
+            break
+    return out[-limit:]
+
+
 def list_exclusions(s: Session, site: str | None = None, *, active: bool = True, now: dt.datetime | None = None,
                     for_campaign: int | None = None) -> Sequence[Exclusion]:
     """Exclusions on `site` (every site if None), active ones only unless `active` is false.

@@ -14,6 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from campaign.names import node_problem
+
 PLACEHOLDERS = ("python", "config", "run_dir", "checkpoint_dir", "max_steps", "max_tokens", "resume",
                 "checkpoint_every", "checkpoint_at", "attempt", "hostfile", "spec_dir")
 """What `trainer.command` may name in braces (docs/trainer-contract.md, "Command line")."""
@@ -256,6 +258,14 @@ class Fault(_Strict):
     """Which global rank (or use `node`)."""
     node: str | None = None
     """All ranks of this node."""
+
+    @field_validator("node")
+    @classmethod
+    def _one_node(cls, v: str | None) -> str | None:
+        why = None if v is None else node_problem(v)
+        if why is not None:
+            raise ValueError(f"{v!r} {why}")
+        return v
     factor: float = Field(default=5.0, gt=1)
     """Slow-down factor for `slow`."""
     delay_s: float | None = Field(default=None, gt=0)

@@ -246,6 +246,7 @@ def _loop(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, stop: StopFlag
     while step < run.max_steps and (run.max_tokens is None or tokens < run.max_tokens):
         step += 1
         t0 = time.perf_counter()
+        _rebuild_ddp_buckets(tr, rep, step)
         rep.phase("compute", step)
         faults.step_start(step, rep)
         faults.slow(step, step_s)
@@ -326,6 +327,21 @@ def _resume(cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, tr: Trainer,
     if meta:
         rep.event("checkpoint_loaded", step, tokens=tokens, path=meta["path"])
     return step, tokens
+
+
+def _rebuild_ddp_buckets(tr: Trainer, rep: report.Reporter, step: int) -> None:
+    """DDP rebuilds its gradient buckets once, at the start of the first forward after a
+    backward that all-reduced, with a broadcast from rank 0 (`Reducer._rebuild_buckets`): a
+    collective hidden in the forward, so a rank waiting there for a hung peer said "compute"
+    and the heartbeats showed every rank computing, no stall pattern (issue 39: a hang in a
+    relaunch's second step waited the warm-up budget). Done here, between steps and in phase
+    "collective", as DDP's own Join hook does; DDP's forward then finds it done."""
+    ddp = tr.model
+    if getattr(ddp, "_has_rebuilt_buckets", True) or getattr(ddp, "reducer", None) is None:
+        return  # not DDP, or done
+    rep.phase("collective", step, timed=False)  # SYNC: a broadcast from rank 0 (none before the first backward)
+    if ddp.reducer._rebuild_buckets():
+        ddp._has_rebuilt_buckets = True
 
 
 def _forward_backward(t: TrainConfig, rep: report.Reporter, tr: Trainer, faults: Faults,

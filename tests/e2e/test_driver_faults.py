@@ -295,3 +295,73 @@ def test_a_full_work_directory_ends_in_one_line_and_leaves_nothing_behind(ws: Wo
     left = [d for i in range(1, len(view["attempts"]) + 1) for node in ("local-n0", "local-n1", "local-n2")
             if (d := _node_local_dir(str(folder / "long" / f"attempt-{i:03d}"), node, str(i))).exists()]
     assert left == [], "node-local state left in /dev/shm"
+
+
+def _fill(path: Path) -> None:
+    """Someone else's file fills the file system holding `path`."""
+    with open(path, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+        except OSError:
+            pass
+
+
+def test_a_full_disk_under_the_ledger_and_the_work_directory_ends_in_one_line(ws: Workspace) -> None:
+    """Issue 39, item 4: the default layout (the SQLite ledger inside the work directory) on a
+    real tmpfs (root only) that fills up under a running long run. Before: 129 lines with 4
+    tracebacks, the attempt left `running`, 3 processes and 2 /dev/shm folders left. Now: one
+    line naming the cause, exit 2, no traceback, nothing the driver started left running,
+    nothing in /dev/shm, and the ledger (read once there is room again) says what happened:
+    no attempt `running`, no lease held, the campaign resumable."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    ws.workdir.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(ws.workdir)],
+                             capture_output=True, text=True)
+    assert mounted.returncode == 0, f"cannot mount a tmpfs for the test: {mounted.stderr}"
+    try:
+        spec = ws.write_spec(tiny_spec("fulldisk", [long_run(steps=400, checkpoint_every=1000)]))
+        p = ws.popen("submit", str(spec), PTABLE_TAG="fulldisk")
+        seen: dict[tuple[int, str], str] = {}
+        metrics = ws.workdir / "fulldisk" / "long" / "attempt-001" / "metrics.jsonl"
+        _watch_tagged("fulldisk", p, seen, lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 10)
+        _fill(ws.workdir / "filler")
+        deadline = time.time() + 120
+        while p.poll() is None and time.time() < deadline:
+            seen.update(_tagged("fulldisk"))
+            time.sleep(0.2)
+        out = finish(p, 1, "the driver hung on a full disk")
+        left = _survivors(seen)
+        (ws.workdir / "filler").unlink()  # room again: read what the ledger says
+        view = ledger_view(ws, "fulldisk")
+        from campaign import report
+
+        written = [r["step"] for a in view["attempts"] for r in report.read_metrics(a["run_dir"])[0]]
+        with_lease = ws.ledger()
+        try:
+            from campaign.ledger.models import Lease
+
+            with with_lease.session() as s:
+                leases = s.query(Lease).count()
+        finally:
+            with_lease.close()
+        from campaign.report import _node_local_dir
+
+        shm = [str(d) for i, a in enumerate(view["attempts"], 1) for node in ("local-n0", "local-n1", "local-n2")
+               if (d := _node_local_dir(a["run_dir"], node, str(i))).exists()]
+    finally:
+        subprocess.run(["umount", "-l", str(ws.workdir)], check=False)
+    lines = [x for x in out.splitlines() if x.strip()]
+    assert "Traceback" not in out, out
+    assert p.returncode == 2, out
+    assert "No space left on device" in out or "disk is full" in out, out
+    assert [x for x in lines if x.startswith("error:")] == lines[-1:], out  # one line says why, the last
+    assert len(lines) <= 6, out  # the campaign, the stage, the attempt, its progress, the error
+    assert left == [], f"processes the driver started outlived it: {left}"
+    assert shm == [], "node-local state left in /dev/shm"
+    assert view["attempts"] and all(a["state"] != "running" for a in view["attempts"]), view["attempts"]
+    assert leases == 0, "the lease was released"
+    assert [st for a in view["attempts"] for st, _ in a["steps"]] == written, "every row the trainer wrote is in the ledger"
+    assert view["exclusions"] == [], "a full disk is no node's fault"
+    assert view["stage"] == "failed" and "file system is full" in (view["verdict"] or ""), view["verdict"]

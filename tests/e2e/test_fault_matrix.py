@@ -259,3 +259,27 @@ def test_a_full_checkpoint_file_system_is_systemic_and_blames_no_node(ws: Worksp
     assert "unexpected pos" in view["verdict"] or "No space left on device" in view["verdict"], view["verdict"]
     assert "no node is blamed" in view["verdict"], view["verdict"]
     assert "rank-" in view["verdict"], "names the rank's log"
+
+
+def test_a_hang_in_a_relaunchs_first_steps_is_called_on_the_step_time_already_measured(ws: Workspace) -> None:
+    """Issue 39: after a relaunch the new attempt's first steps are its warm-up, whose budget
+    (warmup_s, 30 s) applied although the stage had measured the step on these nodes' size:
+    a compute hang in the relaunch's second step took ~30 s. The relaunch's watchdog starts
+    from the step times in the ledger, so the hang is called within 3 step times + 2 s."""
+    faults = [{"kind": "hang", "step": 25, "node": "local-n1", "attempt": 1},
+              {"kind": "hang", "step": 26, "rank": 1, "attempt": 2}]  # the relaunch resumes at 25: its 2nd step
+    spec = ws.write_spec(tiny_spec("relaunch-hang", [long_run(faults)], nodes=4))
+    r = ws.cli("submit", str(spec), CAMPAIGN_ALLOW_FAULTS="1")
+    assert r.code == 0, r.out + r.err
+    view = ledger_view(ws, "relaunch-hang")
+    a1, a2, a3 = view["attempts"]
+    assert [a1["state"], a2["state"], a3["state"]] == ["stalled", "stalled", "succeeded"]
+    assert a2["first_step"] == 25, "the relaunch resumed from the rescue checkpoint of step 24"
+    rows, _ = report.read_metrics(a1["run_dir"])
+    steady = sorted(r["step_time_s"] for r in rows[3:])  # attempt 1's steps after the watchdog's warm-up
+    step_s = steady[min(len(steady) - 1, round(0.99 * (len(steady) - 1)))]  # p99, as the watchdog reads it
+    summary = a2["summary"]
+    assert "heartbeats show who hangs" in summary["stall"], summary["stall"]
+    assert summary["detected_after_s"] <= 3 * step_s + 2.0, (summary["detected_after_s"], step_s)
+    assert [s["node"] for s in a2["suspects"]] == [a2["nodes"][1]], "rank 1's node, where the hang was put"
+    assert view["stage"] == "passed"

@@ -250,3 +250,79 @@ def test_two_submits_on_a_fresh_ledger(backend: str, tmp_path: Path, request: py
         c = reads.get_campaign(s, "tiny")
         assert c is not None and c.state == "succeeded" and len(reads.list_attempts(s, c)) == 1
     led.close()
+
+
+# --- a full disk and names that collide (issue 39, item 4) ------------------------------------
+
+def _fill(folder: Path) -> None:
+    with open(folder / "filler", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A real tmpfs of 1 MiB (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True, capture_output=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
+def full_disk(tmpfs: Path) -> Path:
+    """The tmpfs filled to the last byte by someone else's file."""
+    _fill(tmpfs)
+    return tmpfs
+
+
+def test_commands_on_a_ledger_whose_disk_is_full_say_so_in_one_line(tmpfs: Path) -> None:
+    """An existing ledger, then the disk fills: every command that writes it ends in one line
+    that says the file system is full (SQLite itself says only 'disk I/O error' when it cannot
+    map its -shm file), exit 2, the ledger as it was."""
+    _ledger_with_a_campaign(tmpfs / "ledger.db")
+    before = _sha(tmpfs / "ledger.db")
+    _fill(tmpfs)
+    for argv in (["nodes", "exclude", "n1", "--site", "local", "--reason", "x"], ["resume", "big"], ["db", "upgrade"]):
+        code, _, err = _cli(*argv, "--workdir", tmpfs)
+        _one_line_error(code, err, "its file system is full", str(tmpfs))
+        assert _sha(tmpfs / "ledger.db") == before, argv
+
+
+def test_export_onto_a_full_disk_is_one_line_and_leaves_nothing(tmp_path: Path, full_disk: Path) -> None:
+    """`ledger export --out` onto a full disk, and the same export redirected there from
+    standard output: one line naming where, exit 2, no traceback, no part file left."""
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    _ledger_with_a_campaign(wd / "ledger.db", steps=20_000)
+    out = full_disk / "steps.csv"
+    code, _, err = _cli("ledger", "export", "big", "--workdir", wd, "--out", out)
+    _one_line_error(code, err, f"--out {out}", "No space left on device")
+    assert sorted(p.name for p in full_disk.iterdir()) == ["filler"], "no part file left"
+    env = {k: v for k, v in os.environ.items() if k not in ("CAMPAIGN_DB_URL", "CAMPAIGN_WORKDIR")}
+    with open(out, "w") as shell_redirect:  # campaign ledger export big > /full/steps.csv
+        p = subprocess.run([sys.executable, "-m", "campaign.cli", "ledger", "export", "big", "--workdir", str(wd)],
+                           stdout=shell_redirect, stderr=subprocess.PIPE, text=True, env=env, timeout=300)
+    _one_line_error(p.returncode, p.stderr, "standard output", "No space left on device")
+
+
+def test_a_campaign_named_like_the_ledger_file_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """`name: ledger.db` would put the campaign's folder where the ledger is (and `ledger.db-wal`,
+    `ledger.db.lock` beside it): refused with one line naming the field, the ledger untouched."""
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    _ledger_with_a_campaign(wd / "ledger.db")
+    before = _sha(wd / "ledger.db")
+    for name in ("ledger.db", "ledger.db-wal", "ledger.db.lock"):
+        code, _, err = _cli("submit", _spec(tmp_path, name=name), "--workdir", wd)
+        _one_line_error(code, err, name, "ledger")
+        assert _sha(wd / "ledger.db") == before
+        assert sorted(p.name for p in wd.iterdir() if p.is_dir()) == []

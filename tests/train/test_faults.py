@@ -51,6 +51,20 @@ def test_hang_outside_collective(launch, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_hang_in_a_launchs_second_step_shows_its_peer_waiting_in_a_collective(launch, tmp_path):
+    """Issue 39: DDP rebuilds its gradient buckets at the start of the second forward of a
+    process, with a broadcast from rank 0. Inside DDP's forward, rank 0 waited there for a
+    peer hung in the second step while saying "compute": both ranks looked alike and the
+    watchdog saw no stall pattern (the second step of every relaunch). The trainer now does
+    that rebuild between steps, in phase "collective"."""
+    run = launch(_long(tmp_path, [{"kind": "hang", "step": 2, "rank": 1}]))
+    _wait_for_heartbeats(run.run_dir, lambda r: len(r) == 2
+                         and r[1]["phase"] == "compute" and r[1]["step"] == 2
+                         and r[0]["phase"] == "collective" and r[0]["step"] == 2, timeout=90)
+    run.kill()
+
+
+@pytest.mark.slow
 def test_hang_in_collective_on_two_nodes(launch, tmp_path):
     run = launch(_long(tmp_path, [{"kind": "hang_in_collective", "step": 2, "node": "local-n1"}]),
                  nodes=["local-n0", "local-n1"])

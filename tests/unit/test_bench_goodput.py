@@ -57,3 +57,21 @@ def test_llama3_rate_scales_with_the_nodes(gp) -> None:  # type: ignore[no-untyp
     per_job_2048 = 54 * 86400 / 466  # the whole 16,384-GPU job: one interruption every ~2.8 h
     assert gp.llama3_mtbf_s(2048) == pytest.approx(per_job_2048)
     assert gp.llama3_mtbf_s(2) == pytest.approx(per_job_2048 * 1024)
+
+
+def test_a_seed_that_draws_no_fault_is_redrawn_not_averaged_in(gp) -> None:  # type: ignore[no-untyped-def]
+    """Issue 39: the docs' mean ETTR averaged a fault-free draw (seed 2 of 1-3) with two that
+    had faults. The repeats take the next seeds whose schedule draws a fault."""
+    free = [seed for seed in range(1, 40) if not gp.schedule(seed, 300, 100.0, 7, ranks=2)]
+    assert 2 in free, "seed 2 draws no fault in 300 steps (the docs' fault-free repeat)"
+    seeds, skipped = gp.seeds_with_faults(1, 3, 300, 100.0, 7, ranks=2)
+    assert seeds == [1, 3, 4] and skipped == [2]
+    assert all(gp.schedule(seed, 300, 100.0, 7, ranks=2) for seed in seeds)
+
+
+def test_hang_detection_target_leaves_out_only_the_first_attempts_warm_up(gp) -> None:  # type: ignore[no-untyped-def]
+    faults = [{"kind": "hang", "step": 3}, {"kind": "hang", "step": 15}, {"kind": "crash", "step": 40}]
+    out = {"detected_by_kind": [("compute hang", 30.1), ("compute hang", 2.1), ("crash, no evidence", None)]}
+    assert gp.measured_hangs(out, faults, 3) == ([("compute hang", 2.1)], 1)
+    late = [{"kind": "hang", "step": 9}, *faults[1:]]
+    assert gp.measured_hangs(out, late, 3) == ([("compute hang", 30.1), ("compute hang", 2.1)], 0)

@@ -226,3 +226,38 @@ def test_the_watch_follows_the_real_steps_after_a_forged_row(tmp_path) -> None:
         supervisor._observe(tmp_path, watch, offsets, 10.0, chain)
         seen.append(watch.last_step)
     assert seen == [5, 5, 6, 8]
+
+
+def test_a_relaunch_starts_from_the_step_times_earlier_attempts_measured() -> None:
+    """Issue 39: a relaunch's first steps are its warm-up, whose budget (warmup_s, 30 s) once
+    applied even when the heartbeats showed a rank computing the step its peers wait in and
+    the earlier attempt had measured the step (a compute hang right after a relaunch on the
+    Slurm goodput benchmark: 30.1 s against 3 step times + 2 s = 3.9 s). With the measured
+    step times the stall pattern is called on their budget; silence alone still waits."""
+    policy = POLICY.model_copy(update={"warmup_steps": 3, "warmup_s": 30.0, "confirmed_floor_s": 1.5})
+    w = Watch(started=0.0, prior_step_times=[1.0] * 50)
+    w.saw_steps([{"step": 25, "step_time_s": 1.8}], 0.0)  # the relaunch's first step (slower: warm-up)
+    assert w.steps_seen == 1 <= policy.warmup_steps
+    assert early_budget(w, policy) == 3 * 1.0 + 1.5, "the heartbeats are read as in the steady phase"
+    stuck = {"n0": beat("n0", 4.6, {0: (26, "collective", 0.2)}), "n2": beat("n2", 4.6, {1: (26, "compute", 0.0)})}
+    found = culprits(stuck, ["n0", "n2"], 4.6, policy)
+    assert [s["node"] for s in found] == ["n2"] and stall_pattern(found, w, policy)
+    d = decide(w, policy, 4.6, confirmed="compute")
+    assert d.stalled and d.phase == "warmup" and d.budget_s == 4.5, d.reason
+    assert d.budget_s <= 3 * 1.0 + 2.0
+    assert not decide(w, policy, 4.6).stalled, "unconfirmed silence in the warm-up still gets warmup_s"
+    assert decide(w, policy, 4.6).budget_s == 30.0
+    # Every rank stuck in step 26's collective: the median of the measured steps prices it.
+    inside = {"n0": beat("n0", 4.6, {0: (26, "collective", 0.2)}), "n2": beat("n2", 4.6, {1: (26, "collective", 0.3)})}
+    assert collective_hang(inside, ["n0", "n2"], w, policy)
+    d = decide(w, policy, 4.6, confirmed="collective")
+    assert d.stalled and d.budget_s == 4.5, d.reason
+    # A first attempt (nothing measured) keeps the warm-up budget, as before.
+    first = Watch(started=0.0)
+    first.saw_steps([{"step": 1, "step_time_s": 1.8}], 0.0)
+    assert early_budget(first, policy) is None
+    assert decide(first, policy, 4.6, confirmed="compute").budget_s == 30.0
+    # Once the attempt has steady steps of its own, they alone set the budget.
+    w.saw_steps([{"step": s, "step_time_s": 2.0} for s in range(26, 30)], 10.0)
+    assert w.steps_seen > policy.warmup_steps
+    assert decide(w, policy, 10.0).budget_s == 3 * 2.0 + 10
