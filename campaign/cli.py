@@ -610,12 +610,10 @@ def nodes_exclude(node: str, site: str | None, reason: str | None, hours: float 
     """Exclude NODE on a site from every later attempt, stage and campaign."""
     from campaign import commands
 
-    if site is not None:
-        commands.check_exclusion(node, site)  # before the ledger is opened (or made)
+    commands.check_exclusion(node, site)  # before the ledger is opened (or made)
     ledger = _open(db_url, workdir, create=site is not None)
     try:
         site = site or commands.default_site(ledger)
-        commands.check_exclusion(node, site)
         commands.exclude_node(ledger, node, site, reason or commands.default_reason(), hours)
     finally:
         ledger.close()

@@ -645,14 +645,16 @@ def default_reason() -> str:
     return f"excluded by {user}"
 
 
-def check_exclusion(node: str, site: str) -> None:
-    """A node and site name that fit the ledger's exclusion columns (no database refuses them)."""
+def check_exclusion(node: str, site: str | None) -> None:
+    """A node and site name that fit the ledger's exclusion columns (no database refuses them);
+    `site` None: not given (the ledger's one site is used, which fits)."""
     from campaign import names
     from campaign.ledger.models import Exclusion
 
     names.check_node(node, "NODE")
     names.check_length(node, Exclusion.__table__.c.node.type.length, "NODE")
-    names.check_length(site, Exclusion.__table__.c.site.type.length, "--site")
+    if site is not None:
+        names.check_length(site, Exclusion.__table__.c.site.type.length, "--site")
 
 
 def include_node(ledger: Ledger, node: str, site: str) -> int:
@@ -687,7 +689,7 @@ def inject_fault(ledger: Ledger, name: str, fault: str, rank: int, *, after_step
     driver knows the fault was a drill (an exclusion it causes binds this campaign only).
     Returns what was done; raises CampaignError when nothing runs, the campaign ends first,
     the rank is not there, or the step is not reached within `wait_s`."""
-    from campaign import report
+    from campaign import report, rundir
     from campaign.lease import is_live
     from campaign.ledger import reads
     from campaign.ledger.models import db_utcnow
@@ -718,7 +720,7 @@ def inject_fault(ledger: Ledger, name: str, fault: str, rank: int, *, after_step
                                 + ("" if seen_running else f"; to aim at its next run: `campaign inject {name} {fault} "
                                    f"--attempt next`, then `campaign resume {name}` or `campaign submit FILE`"))
         seen_running = seen_running or running
-        pids = _read_json(run_dir / PIDS_FILE) if run_dir else None
+        pids = rundir.read_json(run_dir / PIDS_FILE) if run_dir else None
         rows, _ = report.read_metrics(run_dir) if run_dir else ([], 0)
         if pids and (rows and rows[-1]["step"] >= after_step or not after_step):
             break
@@ -761,13 +763,6 @@ def _send_fault(run_dir: Path, pids: dict[str, Any], fault: str, rank: int, step
            f"{step if step is not None else 'none yet'}")
     return done
 
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 # --- logs ------------------------------------------------------------------------------

@@ -22,9 +22,9 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from campaign import report
+from campaign import report, rundir
 from campaign.errors import CampaignConflict
 from campaign.guard import working_in
 from campaign.lease import process_alive
@@ -195,7 +195,7 @@ def stop_orphan(run_dir: Path, site: Site, *, confirm_s: float | None = None) ->
     if not existed:
         return _stop_unrecorded(run_dir, site, confirm_s)
     while True:
-        pids = _read_json(run_dir / PIDS_FILE)
+        pids = rundir.read_json(run_dir / PIDS_FILE)
         if pids is None:  # the supervisor writes it before it looks for STOP: no launch will start
             return "no launch had started"
         if pids.get("block_job_id"):
@@ -244,7 +244,7 @@ def _stop_unrecorded(run_dir: Path, site: Site, confirm_s: float) -> str:
         return what
     end = time.monotonic() + confirm_s
     while time.monotonic() < end:
-        gone = _read_json(run_dir / LAUNCH_GONE)
+        gone = rundir.read_json(run_dir / LAUNCH_GONE)
         if gone is not None:
             return f"{what}; its guard on {gone.get('host')} stopped it"
         time.sleep(0.25)
@@ -285,19 +285,12 @@ def _processes_of(run_dir: Path) -> list[int]:
     return sorted(found)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
 
 def _gone_proof(run_dir: Path, pgids: list[int]) -> str | None:
     """Why this launch (the process groups `pgids` of pids.json) is known to be gone, or None:
     its guard said so, or its supervisor wrote its report after the launch started (the
     report of an earlier supervisor of the same run directory does not count)."""
-    gone = _read_json(run_dir / LAUNCH_GONE)
+    gone = rundir.read_json(run_dir / LAUNCH_GONE)
     if gone is not None and pgids and sorted(gone.get("pgids") or []) == sorted(pgids):
         how = "stopped by its guard after the STOP file" if gone.get("how") == "stopped" else "it had ended"
         return f"{how} on {gone.get('host')}"

@@ -34,7 +34,9 @@ trainer's own.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 DRIVER_FILE = "driver.json"
 """In the campaign directory: the driver's host and pid and its Parsl interchange's, for a successor."""
@@ -126,3 +128,13 @@ def write_stop(run_dir: Path) -> bool:
     except OSError:
         return False
     return True
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object file of the run directory (pids.json, launch-gone.json, injected.json, ...),
+    or None when it is missing, cut short or not an object: its writer may have died mid-way."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import json
 import datetime as dt
 import time
 from collections.abc import Callable
@@ -208,7 +207,7 @@ class StageContext:
     def drill_of(self, outcome: AttemptOutcome) -> str | None:
         """What drill faulted this attempt, if one did: `campaign inject` (its marker in the
         run directory) or the spec's `faults`. None for a real fault."""
-        injected = _read_json(outcome.run_dir / rundir.INJECTED_FILE)
+        injected = rundir.read_json(outcome.run_dir / rundir.INJECTED_FILE)
         if injected is not None:
             return f"`campaign inject {injected.get('fault', '?')}` on rank {injected.get('rank', '?')}"
         return self._drills.get(outcome.attempt_id)
@@ -559,10 +558,3 @@ def exclusion_line(node: str, reason: str, site: str, campaign: str | None, dril
     until = f" for {hours:g} h" if hours else ""
     return f"excluded {node}{scope}{until}: {reason}; lift: campaign nodes include {node} --site {site}"
 
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

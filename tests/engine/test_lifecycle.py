@@ -6,7 +6,6 @@ steps (`checkpoints/step-N/` with `.complete` last) and resumes from the newest 
 from __future__ import annotations
 
 import io
-import json
 import shutil
 import sys
 import textwrap

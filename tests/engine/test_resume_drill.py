@@ -7,7 +7,6 @@ is deterministic and a resume exact when the state and the schedule are restored
 from __future__ import annotations
 
 import io
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any

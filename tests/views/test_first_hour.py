@@ -7,7 +7,6 @@ live: `lease.driver_alive`), or a process that has exited (a dead driver)."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import re

@@ -9,7 +9,6 @@ Control: the same checks catch a page that runs a script or fetches an image.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
