@@ -100,8 +100,8 @@ def no_rank_started(rep: AttemptReport, *, ranks_wrote: bool) -> str | None:
     The shapes: the block never started its worker even after a fresh load (`block_failed`),
     or its submission failed (the scheduler command is missing, the job was rejected: Parsl's
     "Failed to start block ..."), too few usable nodes even after
-    a new block (`short_of_nodes`), or the launcher exited 127 (command not found) with no rank
-    having written anything."""
+    a new block (`short_of_nodes`), or a launch command the supervisor could not execute
+    (`LAUNCH_FAILED`: the launcher or the trainer's program not found)."""
     error = " ".join((rep.error or "").split())
     # The block's submission failed: Parsl's "Failed to start block" (the block never started
     # its worker), seen either as the app's error or as the job's FAILED state (`Block.ended`).
@@ -117,11 +117,10 @@ def no_rank_started(rep: AttemptReport, *, ranks_wrote: bool) -> str | None:
         return f"the block never started its worker: {_cut(error)}"
     if rep.short_of_nodes:
         return _cut(error)
-    if rep.exit_code == 127 and not ranks_wrote:
-        if error.startswith(LAUNCH_FAILED):  # the supervisor could not execute it at all
-            return _cut(error)
-        line = (rep.finding or {}).get("last_error_line") or error
-        return f"the launcher exited 127 before any rank started: {_cut(str(line)) or 'no error line'}"
+    if error.startswith(LAUNCH_FAILED) and not ranks_wrote:  # the supervisor could not execute it at all
+        return _cut(error)
+    # An exit 127 after the launch started is not this: the trainer's own "broken environment"
+    # (the contract's 127) is a rank that started, and the stage calls it systemic.
     return None
 
 

@@ -73,7 +73,7 @@ def test_a_rescued_relaunch_recomputes_nothing(ws: Workspace) -> None:
     assert a2["first_step"] == 45, "resumed from the rescued step 44, not the checkpoint of step 40"
     messages = dict(view["events"])
     assert messages["rescue"].startswith("rescue checkpoint of step 44 saved by rank 0"), messages["rescue"]
-    assert "from the checkpoint of step 44; 0 step(s) lost" in messages["relaunch"], messages["relaunch"]
+    assert "from the rescue checkpoint of step 44; 0 step(s) lost" in messages["relaunch"], messages["relaunch"]
     long = ws.status("rescued")["stages"][0]
     _balanced(long["goodput"])
     assert long["goodput"]["lost"]["recomputed_s"] == 0

@@ -48,10 +48,11 @@ def test_too_few_usable_nodes_and_a_launch_that_could_not_start():
     cannot = _report(exit_code=127, exit_class="crashed_systemic", nodes=["n0"],
                      error="the launch command could not start: [Errno 2] No such file or directory: 'mpiexec'")
     assert no_rank_started(cannot, ranks_wrote=False) == cannot.error
-    launcher = _report(exit_code=127, exit_class="crashed_systemic", nodes=["n0"], error="trainer exited 127",
-                       finding={"last_error_line": "mpiexec: error while loading shared libraries: libpals.so"})
-    assert no_rank_started(launcher, ranks_wrote=False) == ("the launcher exited 127 before any rank started: "
-                                                            "mpiexec: error while loading shared libraries: libpals.so")
+    # the trainer's own exit 127 (the contract's "broken environment": torch will not import) is a
+    # rank that started; the stage calls it systemic (test_fault_matrix::test_import_failure_...)
+    broken = _report(exit_code=127, exit_class="crashed_systemic", nodes=["n0"],
+                     finding={"last_error_line": "campaign.train: broken environment: ImportError('libtorch_cpu.so')"})
+    assert no_rank_started(broken, ranks_wrote=False) is None
 
 
 def test_an_attempt_whose_ranks_ran_is_judged_as_usual():
