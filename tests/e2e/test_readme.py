@@ -84,12 +84,13 @@ def workspace(tmp_path: Path, new_pg_url: Callable[[], str]) -> tuple[Path, dict
 
 
 def _tokenizer(tmp_path: Path, corpus: Path) -> str:
-    """A small BPE tokenizer trained on the corpus here (no download), as a user's tokenizer.json."""
+    """A small BPE tokenizer trained on the corpus here (no download), with GPT-2's end-of-text token."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train([str(p) for p in sorted(corpus.iterdir())], trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]"]))
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]", "<|endoftext|>"])
+    tok.train([str(p) for p in sorted(corpus.iterdir())], trainer)
     path = tmp_path / "tokenizer.json"
     tok.save(str(path))
     return str(path)
