@@ -171,9 +171,11 @@ def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, as_json
         raise click.UsageError("--json goes with --dry-run (a submission prints its progress as it runs)")
     if tensorboard and endpoint:
         raise click.UsageError("--tensorboard names a folder here; with --endpoint set observe.tensorboard in the spec")
-    spec = spec_mod.load(file)
-    spec_mod.check_faults_allowed(spec, str(file))
     from campaign import preflight
+
+    source = preflight.Source.read(file)
+    spec = source.spec()
+    spec_mod.check_faults_allowed(spec, str(file))
 
     remote_default = spec.site.remote_workdir() if endpoint else None
     if remote_default is not None and click.get_current_context().get_parameter_source("workdir") \
@@ -183,8 +185,8 @@ def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, as_json
                    f"(the {spec.site.kind} site's default)", err=True)
     # Before anything is submitted or written: every refusal at once (the endpoint's host checks
     # the paths, the scheduler and the ledger again for --endpoint: `remote.start_driver`).
-    findings = preflight.check(spec, preflight.Source.read(file), ledger=preflight.LedgerView(db_url, workdir),
-                               workdir=workdir, here=not endpoint)
+    findings = preflight.check(spec, source, ledger=preflight.LedgerView(db_url, workdir), workdir=workdir,
+                               here=not endpoint)
     if dry_run:
         from campaign import dryrun
         from campaign.commands import planned_version
@@ -497,16 +499,15 @@ def validate(file: Path, run_preflight: bool, db_url: str | None, workdir: Path)
     reads it, to find loss references, and never writes it)."""
     import yaml
 
-    from campaign import spec as spec_mod
 
     from campaign.contract import custom_trainer_warnings
 
-    spec = spec_mod.load(file)
-    if run_preflight:
-        from campaign import preflight
+    from campaign import preflight
 
-        findings = preflight.check(spec, preflight.Source.read(file), ledger=preflight.LedgerView(db_url, workdir),
-                                   workdir=workdir)
+    source = preflight.Source.read(file)
+    spec = source.spec()
+    if run_preflight:
+        findings = preflight.check(spec, source, ledger=preflight.LedgerView(db_url, workdir), workdir=workdir)
         for line in preflight.render(findings, str(file)):
             click.echo(line)
         if any(f.refuse for f in findings):

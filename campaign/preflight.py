@@ -85,6 +85,13 @@ class Source:
         data, lines = yamlfile.loads(text, name)
         return cls(name, data, lines, folder)
 
+    def spec(self) -> Any:
+        """The validated spec of this file (SpecError naming file, line and field): one read
+        of the file serves the spec and the preflight."""
+        from campaign import spec as spec_mod
+
+        return spec_mod.parse(self.data, self.name, self.lines)
+
     def line(self, *at: Any) -> int | None:
         for n in range(len(at), -1, -1):
             if at[:n] in self.lines:
@@ -174,7 +181,7 @@ def placeholders(source: Source) -> Iterator[Finding]:
             continue
         m = PLACEHOLDER.search(value)
         if m:
-            yield Finding(_dotted(at), f"{m.group(0)!r} is a placeholder: replace it with your own value",
+            yield Finding(yamlfile.dotted(at), f"{m.group(0)!r} is a placeholder: replace it with your own value",
                           line=source.line(*at))
 
 
@@ -191,18 +198,18 @@ def references(spec: Any, source: Source, ledger: LedgerView | None, *, remote: 
         if isinstance(ref, Reference) and ref.file:
             path, problem = _resolve(ref.file, source.folder, remote=remote)
             if problem:
-                yield Finding(_dotted((*at, "file")), problem, line=source.line(*at, "file"))
+                yield Finding(yamlfile.dotted((*at, "file")), problem, line=source.line(*at, "file"))
             else:
                 try:
                     losses = read_csv(path)
                 except SpecError as e:
-                    yield Finding(_dotted((*at, "file")), f"{path}: {'; '.join(e.problems)}",
+                    yield Finding(yamlfile.dotted((*at, "file")), f"{path}: {'; '.join(e.problems)}",
                                   line=source.line(*at, "file"))
                     continue
                 missing = [s for s in stage.reference_check_steps() or [] if s not in losses]
                 if missing:
                     have = f"steps {min(losses)}-{max(losses)}" if losses else "no rows"
-                    yield Finding(_dotted((*at, "file")), f"{path} has no loss for step(s) {missing[0]}-{missing[-1]}, "
+                    yield Finding(yamlfile.dotted((*at, "file")), f"{path} has no loss for step(s) {missing[0]}-{missing[-1]}, "
                                   f"which this stage compares (it has {have})", line=source.line(*at, "file"))
         elif isinstance(ref, Reference) and ref.stage_run:
             campaign, stage_name = ref.stage_run.split("/", 1)
@@ -211,7 +218,7 @@ def references(spec: Any, source: Source, ledger: LedgerView | None, *, remote: 
             elif ledger is not None:
                 why = ledger.reference_problem(ref.stage_run, stage.reference_check_steps())
                 if why:
-                    yield Finding(_dotted((*at, "stage_run")), why, line=source.line(*at, "stage_run"))
+                    yield Finding(yamlfile.dotted((*at, "stage_run")), why, line=source.line(*at, "stage_run"))
         earlier.add(stage.resolved_name)
 
 
@@ -270,7 +277,7 @@ def _warning(line: str, source: Source) -> Finding:
     """A warning line "field: problem" (a dotted field of the spec, or an option like `--workdir X`)."""
     field, sep, rest = line.partition(": ")
     if sep and re.fullmatch(r"[A-Za-z_][\w.\[\]]*", field):
-        return Finding(field, rest, refuse=False, line=source.line(*_parse_dotted(field)))
+        return Finding(field, rest, refuse=False, line=source.line(*yamlfile.parse_dotted(field)))
     if sep and field.startswith("--"):
         return Finding(field, rest, refuse=False)
     return Finding("spec", line, refuse=False)
@@ -298,14 +305,3 @@ def _strings(node: Any, at: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ...], 
             yield from _strings(v, (*at, i))
     elif isinstance(node, str):
         yield at, node
-
-
-def _dotted(at: tuple[Any, ...]) -> str:
-    out = ""
-    for part in at:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _parse_dotted(text: str) -> tuple[Any, ...]:
-    return tuple(int(c) if c.isdigit() else c for c in text.replace("]", "").replace("[", ".").split(".") if c)

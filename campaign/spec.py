@@ -185,7 +185,7 @@ def _problem(err: Any, source: str, lines: yamlfile.Lines) -> str:
     msg = err["msg"].removeprefix("Value error, ")
     own = _OWN_FIELD.match(msg) if err["type"] == "value_error" else None
     if own:  # a validator that names its own field: "stages[1]: ..." or "data.path is required ..."
-        loc, msg = _parse_dotted(own["field"]), msg[own.end():]
+        loc, msg = yamlfile.parse_dotted(own["field"]), msg[own.end():]
     else:
         loc, msg = _explain(err, loc)
     return yamlfile.problem(source, loc, msg, _line(loc, lines))
@@ -301,14 +301,6 @@ def _data_path(loc: tuple[Any, ...]) -> tuple[Any, ...]:
         if out == ["site"] and part in _SITE_TAGS:
             continue
         out.append(part)
-    return tuple(out)
-
-
-def _parse_dotted(text: str) -> tuple[Any, ...]:
-    out: list[Any] = []
-    for chunk in text.replace("]", "").replace("[", ".").split("."):
-        if chunk:
-            out.append(int(chunk) if chunk.isdigit() else chunk)
     return tuple(out)
 
 

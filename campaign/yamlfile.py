@@ -168,3 +168,8 @@ def _dotted(at: tuple[Any, ...]) -> str:
 
 
 dotted = _dotted
+
+
+def parse_dotted(text: str) -> tuple[Any, ...]:
+    """`dotted`'s inverse: "stages[2].nodes" -> ("stages", 2, "nodes")."""
+    return tuple(int(c) if c.isdigit() else c for c in text.replace("]", "").replace("[", ".").split(".") if c)
