@@ -146,11 +146,14 @@ def test_nanogpt_long_run_and_resume_test_from_its_own_ckpt_pt(ws: Workspace) ->
 
 
 def _drill(ws: Workspace, spec: dict[str, Any], fault: str, rank: int, after_step: int) -> tuple[Any, Any]:
-    """Submit `spec` and inject `fault` into `rank` with the documented command; both outputs."""
+    """Submit `spec` and inject `fault` into `rank` with the documented command; both outputs.
+    `--attempt next`, as docs/trainer-contract.md "Drills" prints it beside a submit: the submit
+    runs its preflight before it makes the ledger, so the default `current` (refused at once
+    when nothing runs) would race the submit."""
     p = ws.popen("submit", str(ws.write_spec(spec)), NANOGPT_DIR=str(NANOGPT))
     try:
         inject = ws.cli("inject", spec["name"], fault, "--rank", str(rank), "--after-step", str(after_step),
-                        "--wait", "180", timeout=240)
+                        "--attempt", "next", "--wait", "180", timeout=240)
     finally:
         out = p.communicate(timeout=400)[0]
     return inject, out
