@@ -1,4 +1,4 @@
-"""Claim: the built-in trainer trains as fast as nanoGPT on one GPU, at nanoGPT's shapes.
+"""Claim: the built-in trainer trains at least 1.10x as fast as nanoGPT on one GPU, at nanoGPT's shapes.
 
     python benchmarks/vs_nanogpt.py --nanogpt ~/nanoGPT                    # both shapes
     python benchmarks/vs_nanogpt.py --nanogpt ~/nanoGPT --shape gpt2-124m --steps 30
@@ -55,6 +55,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _target import Targets, has_cuda as _cuda, skip  # noqa: E402
+
+TARGET = 1.10
+"""Issue 44: the built-in trainer at least 10% ahead of nanoGPT in tokens/s (wall time between
+steps), at each GPU shape; issue 16 asked for parity (1.0)."""
 
 SHAPES = {  # name: (n_layer, n_head, d_model, seq_len, batch)
     "gpt2-124m": (12, 12, 768, 1024, 12),
@@ -383,9 +387,13 @@ def main(argv: list[str] | None = None) -> None:
     for shape, ratio, own in ratios:
         print(f"ratio campaign/nanogpt at {shape}: {ratio:.3f}x tokens/s (wall between steps); "
               f"{own:.3f}x on the trainer's own step_time_s")
-        targets.check(f"campaign/nanogpt tokens/s at {shape} (issue 16: parity)", ratio, ">=", 1.0, "x")
+        if not args.rehearsal:
+            targets.check(f"campaign/nanogpt tokens/s at {shape} (issue 44)", ratio, ">=", TARGET, "x")
     if not ratios:
         skip("vs_nanogpt", f"no target judged: one side only (--only {args.only})")
+    if args.rehearsal:  # a tiny fp32 model on CPU says nothing about a GPU: the script ran, no target judged
+        skip("vs_nanogpt", f"--rehearsal (tiny, CPU): no target judged (the target, {TARGET}x, is for the "
+                           "GPU shapes)")
     targets.exit()
 
 

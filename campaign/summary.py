@@ -83,7 +83,7 @@ def live_attempt(s: Session, run: Any, a: Any) -> dict[str, Any]:
            "tokens": int(a.tokens_base + a.tokens) if a.last_step is not None else None,
            "loss": reads.jsonable(a.last_loss), "nodes": list(a.nodes or []), "node_count": len(a.nodes or []),
            "started": reads.iso_time(a.started), "run_dir": a.run_dir or None, "tokens_per_s": None,
-           "step_time_s": None, "eta_s": None, "last_step_age_s": None}
+           "step_time_s": None, "eta_s": None, "last_step_age_s": None, "mfu": None}
     if a.last_step is None:
         return out
     back = max(a.first_step or a.last_step, a.last_step - RATE_WINDOW)
@@ -101,6 +101,7 @@ def live_attempt(s: Session, run: Any, a: Any) -> dict[str, Any]:
         out["last_step_age_s"] = max(time.time() - last.time, 0.0)  # the trainer's clock: hosts kept in step (NTP)
     if last is not None:
         out["tokens_per_s"] = reads.jsonable(last.tokens_per_s)
+        out["mfu"] = reads.jsonable(last.mfu)
         if not out["tokens_per_s"] and first is not None and per_step and last.step > first.step:
             out["tokens_per_s"] = (last.tokens - first.tokens) / (per_step * (last.step - first.step))
     out["step_time_s"] = per_step

@@ -24,6 +24,11 @@ def fmt_tokens(n: int | None) -> str:
     return str(n)
 
 
+def fmt_mfu(x: float | None) -> str:
+    """Model FLOPs utilisation as a percentage of the device's dense bf16 peak: `41.3%`; `-` when unknown."""
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
 def fmt_loss(x: float | None) -> str:
     return "-" if x is None else f"{x:.4f}"
 
@@ -160,7 +165,7 @@ def _numbers_text(numbers: dict[str, Any]) -> str:
             if len(v) > 6 or any(isinstance(x, (dict, list)) for x in v):
                 continue
             v = "[" + ", ".join(fmt_value(x) for x in v) + "]"
-        parts.append(f"{k} {fmt_value(v)}")
+        parts.append(f"MFU {fmt_mfu(v)}" if k == "mfu" and isinstance(v, (int, float)) else f"{k} {fmt_value(v)}")
     return "; ".join(parts)
 
 
@@ -353,6 +358,8 @@ def running_lines(a: dict[str, Any]) -> list[str]:
         extra.append(f"{fmt_tokens(a['tokens'])} tok")
     if a.get("step_time_s"):
         extra.append(f"{a['step_time_s'] * 1000:.0f} ms/step")
+    if a.get("mfu") is not None:
+        extra.append(f"MFU {fmt_mfu(a['mfu'])}")
     return [head, "  " + "  ".join([*extra, where])]
 
 

@@ -69,6 +69,26 @@ def measured_step_times(s: Session, stage_run_id: int, *, nodes: int, ranks_per_
     return out[-limit:]
 
 
+MFU_WINDOW = 200
+"""Step rows (the newest of a stage run) whose median MFU `stage_mfu` reports: the steady
+state, past the first steps' compilation, without reading a long run's every row."""
+
+
+def stage_mfu(s: Session, stage_run_id: int, *, window: int = MFU_WINDOW) -> float | None:
+    """The median model FLOPs utilisation (`step_metric.mfu`, as the trainer computed it with
+    nanoGPT's formula against its device's dense bf16 peak) over the newest `window` step rows
+    of the stage run's attempts; None when no row has one (a trainer that does not report it,
+    or a device without a known peak, CPU among them)."""
+    q = (sa.select(StepMetric.mfu).join(Attempt, Attempt.id == StepMetric.attempt_id)
+         .where(Attempt.stage_run_id == stage_run_id, StepMetric.mfu.is_not(None))
+         .order_by(Attempt.number.desc(), StepMetric.step.desc()).limit(window))
+    values = sorted(float(v) for v in s.scalars(q).all() if v is not None and math.isfinite(v))
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
 def list_exclusions(s: Session, site: str | None = None, *, active: bool = True, now: dt.datetime | None = None,
                     for_campaign: int | None = None) -> Sequence[Exclusion]:
     """Exclusions on `site` (every site if None), active ones only unless `active` is false.

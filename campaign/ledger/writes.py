@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session
 
 from campaign.ledger.models import Attempt, Campaign, Checkpoint, Event, Exclusion, Lease, StageRun, db_utcnow, utcnow
 from campaign.ledger.db import COMMITTED_EVENTS
-from campaign.ledger.reads import METRIC_FIELDS, current_stage_runs, event_record, get_lease, jsonable, list_exclusions
+from campaign.ledger.reads import (METRIC_FIELDS, current_stage_runs, event_record, get_lease, jsonable, list_exclusions,
+                                   stage_mfu)
 
 
 def create_campaign(s: Session, *, name: str, digest: str, spec_json: dict[str, Any], source: str,
@@ -77,6 +78,10 @@ def set_stage_state(s: Session, run: StageRun, state: str, *, verdict: str | Non
         run.verdict = verdict
     elif state == "running":
         run.verdict = None  # an earlier run's verdict (a cancel's, say) is no longer what the stage says
+    if state in ("passed", "failed"):  # the stage's MFU from its newest step rows (a device with a known peak)
+        mfu = stage_mfu(s, run.id)
+        if mfu is not None:
+            numbers = {**(numbers if numbers is not None else run.numbers or {}), "mfu": round(mfu, 4)}
     if numbers is not None:
         run.numbers = jsonable(numbers)
     add_event(s, run.campaign, "stage_state", f"stage {run.name}: {run.state} -> {state}" + (f": {verdict}" if verdict else ""),

@@ -62,6 +62,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"campaign.train: cannot place this rank: {exc}", file=sys.stderr, flush=True)
         return report.EXIT_BAD_CONFIG
     marks.mark("process_group")
+    if cfg.train.precision == "float8":
+        from campaign.train import float8
+
+        reason = float8.unsupported(env.device)
+        if reason is not None:  # the same on every relaunch: a configuration error
+            print(f"campaign.train: {reason}", file=sys.stderr, flush=True)
+            return report.EXIT_BAD_CONFIG
     cache = compile_cache.configure(cfg.run.compile_cache_dir, env.rank) if cfg.train.compile else None
     rep = report.Reporter.from_env(rank=env.rank, local_rank=env.local_rank,
                                    world_size=env.world_size)

@@ -162,8 +162,11 @@ class TrainConfig(_Strict):
     """AdamW weight decay."""
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     """Gradient clipping norm (null: no clipping)."""
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
-    """`auto`: bf16 autocast on accelerators, fp32 on CPU."""
+    precision: Literal["auto", "fp32", "bf16", "float8"] = "auto"
+    """`auto`: bf16 autocast on accelerators, fp32 on CPU. `float8`: torchao's float8 training
+    (rowwise scaling) of the linear layers, bf16 elsewhere; NVIDIA compute capability 8.9 or newer
+    and the `float8` extra (torchao), else the trainer refuses with exit 93
+    (campaign.train.float8)."""
     compile: bool = False
     """Wrap the model in torch.compile."""
     compile_cache: bool = True

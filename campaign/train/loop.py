@@ -44,7 +44,7 @@ def lr_factor(t: TrainConfig, step: int) -> float:
 
 
 def use_bf16(t: TrainConfig, device: torch.device) -> bool:
-    return t.precision == "bf16" or (t.precision == "auto" and device.type != "cpu")
+    return t.precision in ("bf16", "float8") or (t.precision == "auto" and device.type != "cpu")
 
 
 def exact(t: TrainConfig) -> bool:
@@ -96,6 +96,10 @@ def build(cfg: TrainerConfig, env: DistEnv) -> Trainer:
     with torch.device(env.device):
         model = GPT(shape)
     n_params = model.num_params()
+    if t.precision == "float8":  # before compile and data parallelism, as torchao asks (__main__ checked the device)
+        from campaign.train import float8
+
+        float8.convert(model)
     par = parallelize(model, parallelism=t.parallelism, device=env.device, compile=t.compile,
                       activation_checkpointing=t.activation_checkpointing,
                       bf16=use_bf16(t, env.device), world_size=env.world_size)
@@ -438,6 +442,8 @@ def _finish(q: _Queued, cfg: TrainerConfig, env: DistEnv, rep: report.Reporter, 
         tps = tr.sampler.samples_per_step * tr.sampler.seq_len / step_s
         rep.step(step=q.step, tokens=q.tokens, loss=loss_val, step_time_s=step_s, lr=q.lr,
                  tokens_per_s=tps, mfu=flops.mfu(tr.flops_per_token, tps / W, tr.device_name),
+                 **({"mfu_float8": flops.mfu(tr.flops_per_token, tps / W, tr.device_name, float8=True)}
+                    if t.precision == "float8" else {}),
                  comm_time_s=q.comm.pop(), mem_peak_gib=q.mem_peak,
                  # SYNC (FSDP2, when logged): a sharded norm is gathered by a collective
                  grad_norm=float(q.grad_norm.full_tensor()) if _sharded(q.grad_norm) else got[-1],

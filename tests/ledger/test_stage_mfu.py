@@ -1,0 +1,72 @@
+"""Issue 44 item 3: MFU per stage in the ledger (the stage's numbers, from its newest step
+rows, when it ends) and in `campaign status` (the stage numbers; a running attempt's line)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from campaign import summary
+from campaign.ledger import open_ledger, reads, writes
+from campaign.views import numbers_table, running_lines
+
+
+def _rows(first: int, last: int, mfu: Any) -> list[dict[str, Any]]:
+    return [{"step": i, "tokens": 1024 * i, "loss": 3.0, "step_time_s": 0.1, "tokens_per_s": 10240.0,
+             "mfu": mfu(i) if callable(mfu) else mfu, "time": 1000.0 + i} for i in range(first, last + 1)]
+
+
+def _stage(tmp_path: Path, rows: list[dict[str, Any]], state: str = "passed") -> dict[str, Any]:
+    led = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    try:
+        with led.session() as s:
+            c = writes.create_campaign(s, name="gpu", digest="ab" * 32, spec_json={"name": "gpu"}, source="",
+                                       site="local", workdir=str(tmp_path))
+            (run,) = writes.ensure_stage_runs(s, c, [("long-run", "long_run")])
+            writes.set_stage_state(s, run, "running")
+            a = writes.create_attempt(s, run, nodes=["gpu-n0"], ranks_per_node=1, run_dir=str(tmp_path / "a1"),
+                                      target_steps=rows[-1]["step"] if rows else 10)
+            writes.ingest_steps(s, a, rows)
+            live = summary.live_attempt(s, run, a)
+            if state != "running":
+                writes.finish_attempt(s, a, state="succeeded", exit_code=0, suspects=[], summary={})
+                writes.set_stage_state(s, run, state, verdict="done", numbers={"steps_done": len(rows)})
+        with led.session() as s:
+            c = reads.get_campaign(s, "gpu")
+            assert c is not None
+            return {"detail": summary.describe_campaign(s, c), "live": live}
+    finally:
+        led.close()
+
+
+def test_a_finished_stage_records_the_median_mfu_of_its_newest_steps(tmp_path: Path) -> None:
+    # the first 50 steps compile (MFU 0.01); the steady state is 0.40-0.42: the median of the
+    # newest MFU_WINDOW rows leaves the warm-up out
+    rows = _rows(1, 50, 0.01) + _rows(51, 50 + reads.MFU_WINDOW, lambda i: (0.40, 0.41, 0.42)[i % 3])
+    d = _stage(tmp_path, rows)["detail"]
+    numbers = d["stage_numbers"]["long-run"]
+    assert numbers == {"steps_done": len(rows), "mfu": 0.41}
+    table = numbers_table(d)
+    assert table is not None
+    from io import StringIO
+
+    from rich.console import Console
+
+    out = StringIO()
+    Console(file=out, width=80, color_system=None).print(table)
+    assert "MFU 41.0%" in out.getvalue() and "steps_done" in out.getvalue()
+
+
+def test_a_stage_without_mfu_rows_records_none(tmp_path: Path) -> None:
+    """CPU (no known peak) and trainers that do not report it: no `mfu` key, nothing invented."""
+    d = _stage(tmp_path, _rows(1, 20, None))["detail"]
+    assert d["stage_numbers"]["long-run"] == {"steps_done": 20}
+
+
+def test_a_running_attempt_shows_its_newest_mfu(tmp_path: Path) -> None:
+    live = _stage(tmp_path, _rows(1, 30, lambda i: 0.3 + i / 1000), state="running")["live"]
+    assert live["mfu"] == pytest.approx(0.33)
+    head, detail = running_lines(live)
+    assert "MFU 33.0%" in detail and len(detail) <= 80, detail
