@@ -23,6 +23,10 @@ HUNG_EXIT_CODES = {"done": exits.OK, "deadline": exits.SIGTERM, "nonfinite_loss"
 """The exit code of a launch stopped after its trainer finished (exit_hung), from the trainer's last event."""
 KILLED = (StopReason.STALLED, StopReason.TIMEOUT)
 """The supervisor's own kills of a launch that made no progress: exit 124."""
+STOPPED_CLASSES = {StopReason.STOP: "cancelled", StopReason.INTERRUPT: "cancelled",
+                   StopReason.RUNDIR_LOST: "orphaned", StopReason.TIMEOUT: "timed_out"}
+"""The exit classes a stop decides by itself, whatever the exit code (`orphaned`: nothing the
+trainer or a node did, resumable); after the others the exit code and the evidence decide."""
 
 
 class Crash(NamedTuple):
@@ -75,12 +79,8 @@ def blame(request: AttemptRequest, active: list[str], watched: WatchOutcome, fin
 
 def exit_class(killed_by: StopReason | None, code: int, finding: Finding | None, suspects: bool) -> str:
     """The attempt's exit class (`campaign.exits.CLASSES`)."""
-    if killed_by in (StopReason.STOP, StopReason.INTERRUPT):
-        return "cancelled"
-    if killed_by == StopReason.RUNDIR_LOST:
-        return "orphaned"  # nothing the trainer or a node did: resumable
-    if killed_by == StopReason.TIMEOUT:
-        return "timed_out"
+    if killed_by is not None and killed_by in STOPPED_CLASSES:
+        return STOPPED_CLASSES[killed_by]
     if finding is not None:
         return exits.classify_finding(code, finding.kind)
     return exits.classify(code, suspects=suspects)
