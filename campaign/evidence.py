@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 from campaign import exits
@@ -322,7 +323,7 @@ def _failure_key(f: _Facts, nodes: Sequence[str]) -> tuple[int, str]:
 
 
 def assess(exits_seen: Sequence[RankExit], *, first_step: bool, nodes: Sequence[str] = (),
-           stall_suspects: Sequence[dict[str, Any]] = (), same_poll_s: float = 0.0) -> Finding:
+           stall_suspects: Sequence[Suspect | dict[str, Any]] = (), same_poll_s: float = 0.0) -> Finding:
     """Node, systemic or unknown, from the exits of one attempt's ranks.
 
     exits_seen      every rank exit the supervisor saw (those it stopped marked `stopped`); in
@@ -333,121 +334,203 @@ def assess(exits_seen: Sequence[RankExit], *, first_step: bool, nodes: Sequence[
     same_poll_s     exits seen within this many seconds of the first failure count as
                     simultaneous (0: the supervisor stamps exits of one poll with one time)
 
-    Rules, in order: a stall's suspects; the trainer contract's systemic exit codes; local
-    hardware signatures; death by a node signal on one node alone; the same failure (exit
-    code and the last error line's signature, else the normalised line) on two or more nodes; a known software signature;
-    a network error; otherwise unknown. The failures considered first are those seen within
-    `same_poll_s` of the first one, less those that only report a network error (victims of a
-    lost peer) when any does not; if all of them do, those within `same_poll_s` of the first
-    failure without one. Among them
+    Rules, in order (`ASSESS_RULES`; the first that decides wins, its name is the finding's
+    `rule`): a stall's suspects; no failure at all; the trainer contract's systemic exit
+    codes; local hardware signatures; death by a node signal on one node alone; the same
+    failure (exit code and the last error line's signature, else the normalised line) on two
+    or more nodes; a known software signature; a network error; otherwise unknown. The
+    failures considered first are those seen within `same_poll_s` of the first one, less
+    those that only report a network error (victims of a lost peer) when any does not; if
+    all of them do, those within `same_poll_s` of the first failure without one. Among them
     the primary one is the rank killed by a node signal, then one with a hardware signature,
     then the earliest, then the lowest rank.
     """
-    job_nodes = list(dict.fromkeys([*nodes, *(e.node for e in exits_seen if e.node)]))
-    if stall_suspects:
-        sus = [Suspect(str(s["node"]), str(s.get("reason", "stalled")), dict(s.get("evidence") or {}))
-               for s in stall_suspects]
-        names = ", ".join(s.node for s in sus)
-        return Finding("node", tuple(sus), "relaunch_elsewhere", f"the launch stalled; the heartbeats single out "
-                       f"{names}: {sus[0].reason}", "stall", primary=None)
-    failed = [_facts(e) for e in exits_seen if e.code != 0 and not e.stopped]
-    if not failed:
-        return Finding("unknown", (), "confirm_once", "no rank failed by itself (every exit was 0 or caused by "
-                       "stopping the launch); nothing to blame", "no_failure")
-    t0 = min(f.exit.seen_at for f in failed)
-    wave = [f for f in failed if f.exit.seen_at - t0 <= same_poll_s]
-    causes = [f for f in failed if f.fabric is None]
-    if any(f.fabric is None for f in wave):
-        # Victims of a lost peer seen together with a rank without a network error do not lead,
-        # even when their abort (SIGABRT on gloo's exception) reads as death by a signal.
-        wave = [f for f in wave if f.fabric is None]
-    elif causes:
-        # The first to fail only report a lost peer: victims, who can die before the rank that
-        # failed (its exit may take a while). The failure is the first one without a network error.
-        t1 = min(f.exit.seen_at for f in causes)
-        wave = [f for f in causes if f.exit.seen_at - t1 <= same_poll_s]
-    primary = min(wave, key=lambda f: (f.signal is None, f.local is None, f.exit.seen_at, f.exit.rank))
-    code = primary.exit.code
-    head = _how(primary.exit) + _quote(primary)
+    case = _Case(exits_seen, first_step, list(dict.fromkeys([*nodes, *(e.node for e in exits_seen if e.node)])),
+                 tuple(_suspect(s) for s in stall_suspects), same_poll_s)
+    for rule in ASSESS_RULES:
+        if (found := rule(case)) is not None:
+            return found
+    raise AssertionError("the last rule (insufficient) always decides")
 
-    # 1. Exit codes of the trainer contract that are never a node's fault.
-    if code in SYSTEMIC_CODES and primary.local is None:
-        return _finding("systemic", "stop", "contract_exit", primary,
-                        f"{head}. {SYSTEMIC_CODES[code]}; no node is blamed.")
 
-    # 2. A hardware/driver signature in the log of a failed rank.
-    local_nodes = list(dict.fromkeys(f.exit.node for f in sorted(failed, key=lambda f: f is not primary)
-                                     if f.local is not None and f.exit.node))
-    if local_nodes:
-        if len(job_nodes) >= 2 and set(local_nodes) >= set(job_nodes):
-            what = primary.local[0].name if primary.local else "a hardware error"
-            return _finding("unknown", "confirm_once", "hardware_everywhere", primary,
-                            f"{head}. Every node reports {what}, so no node stands out (a driver or firmware "
-                            "problem?); no node is blamed, one confirming retry.")
-        sus = []
-        for node in local_nodes:
-            f = next(f for f in failed if f.exit.node == node and f.local is not None)
-            assert f.local is not None
-            sus.append(Suspect(node, f"{f.local[0].name} in the log of rank {f.exit.rank}: \"{f.local[1]}\"",
-                               _evidence(f, f.local)))
-        first = next(f for f in failed if f.exit.node == local_nodes[0] and f.local is not None)
-        assert first.local is not None
-        return _finding("node", "relaunch_elsewhere", "hardware_signature", primary,
-                        f"{head}. Hardware evidence against {', '.join(local_nodes)}: {first.local[0].name} "
-                        f"\"{first.local[1]}\" (log: {first.exit.log_path}).", sus, first.local[0].name)
+def _suspect(s: Suspect | dict[str, Any], reason: str = "stalled") -> Suspect:
+    """A suspect as the report or the ledger hold it (a dict) as a `Suspect`."""
+    if isinstance(s, Suspect):
+        return s
+    return Suspect(str(s["node"]), str(s.get("reason", reason)), dict(s.get("evidence") or {}))
 
-    # 3. Death by a node signal on exactly one node, no rank elsewhere dying the same way.
-    if primary.signal is not None:
-        same = {f.exit.node for f in failed if f.exit.code == code}
-        if len(same) == 1 and len(job_nodes) >= 2:
-            ranks = sorted(f.exit.rank for f in failed if f.exit.code == code)
-            sus = Suspect(primary.exit.node, f"rank(s) {', '.join(map(str, ranks))} killed by {primary.signal} "
-                          f"({code}) on this node alone", {**_evidence(primary), "signal": primary.signal,
-                                                          "ranks": ranks})
-            return _finding("node", "relaunch_elsewhere", "signal", primary,
-                            f"{head}; no rank on another node died by {primary.signal}: {primary.exit.node} is "
-                            f"suspect.", [sus], primary.signal)
-        if len(same) > 1:
-            kind: Kind = "systemic" if not first_step else "unknown"
-            return _finding(kind, "stop" if not first_step else "confirm_once", "signal_everywhere", primary,
-                            f"{head}. Ranks on {len(same)} nodes ({', '.join(sorted(same))}) died by "
-                            f"{primary.signal}{' before the first step' if not first_step else ''}: the cause is "
-                            f"shared (e.g. the configuration does not fit the memory); no node is blamed.")
 
-    # 4. The same failure (exit code and last error line) on two or more nodes.
-    key = _failure_key(primary, job_nodes)
-    same_nodes = sorted({f.exit.node for f in failed if _failure_key(f, job_nodes) == key})
-    if len(same_nodes) >= 2 and primary.fabric is None:
-        sig = primary.software[0].name if primary.software else None
-        where = f"{head}. The same failure on {len(same_nodes)} nodes ({', '.join(same_nodes)})"
-        if not first_step or primary.software is not None:  # it will fail the same way again
-            return _finding("systemic", "stop", "same_failure", primary,
-                            f"{where}{' before the first step' if not first_step else ''}: it is not a node's "
-                            "fault; no node is blamed.", sig=sig)
-        # After training started and matching no known error (e.g. every rank aborting in
-        # torch's gloo teardown after the last step): one confirming retry tells a one-off apart.
-        return _finding("unknown", "confirm_once", "same_failure", primary,
-                        f"{where}, after training started and matching no known error: it is not a node's "
-                        "fault; no node is blamed, one confirming retry.", sig=sig)
+@dataclass
+class _Case:
+    """One failed attempt as the rules of `assess` read it."""
 
-    # 5. A known software signature (and no network error behind it).
-    if primary.software is not None and primary.fabric is None:
-        name, what = primary.software[0].name, primary.software[0].source
-        return _finding("systemic", "stop", "software_signature", primary,
-                        f"{head}. A software or configuration error ({name}: {what}): relaunching elsewhere would "
-                        "fail the same way; no node is blamed.", sig=name)
+    exits_seen: Sequence[RankExit]
+    first_step: bool
+    job_nodes: list[str]
+    stall_suspects: tuple[Suspect, ...]
+    same_poll_s: float
 
-    # 6. Network errors alone: the failing node and its victims print the same.
-    if primary.fabric is not None:
-        return _finding("unknown", "confirm_once", "fabric_error", primary,
-                        f"{head}. A network error ({primary.fabric[0].name}) that the cause and its peers both "
-                        "report: no node is singled out; none blamed, one confirming retry.", sig=primary.fabric[0].name)
+    @cached_property
+    def failed(self) -> list[_Facts]:
+        """The ranks that failed by themselves (not stopped, not 0)."""
+        return [_facts(e) for e in self.exits_seen if e.code != 0 and not e.stopped]
 
-    # 7. Not enough evidence.
-    why = ("a single node with no other node to compare" if len(job_nodes) < 2
+    @cached_property
+    def primary(self) -> _Facts:
+        """The failure the finding starts from (see `assess`)."""
+        failed, same_poll_s = self.failed, self.same_poll_s
+        t0 = min(f.exit.seen_at for f in failed)
+        wave = [f for f in failed if f.exit.seen_at - t0 <= same_poll_s]
+        causes = [f for f in failed if f.fabric is None]
+        if any(f.fabric is None for f in wave):
+            # Victims of a lost peer seen together with a rank without a network error do not lead,
+            # even when their abort (SIGABRT on gloo's exception) reads as death by a signal.
+            wave = [f for f in wave if f.fabric is None]
+        elif causes:
+            # The first to fail only report a lost peer: victims, who can die before the rank that
+            # failed (its exit may take a while). The failure is the first one without a network error.
+            t1 = min(f.exit.seen_at for f in causes)
+            wave = [f for f in causes if f.exit.seen_at - t1 <= same_poll_s]
+        return min(wave, key=lambda f: (f.signal is None, f.local is None, f.exit.seen_at, f.exit.rank))
+
+    @property
+    def code(self) -> int:
+        return self.primary.exit.code
+
+    @property
+    def head(self) -> str:
+        """How the primary failure ended, with its last error line quoted."""
+        return _how(self.primary.exit) + _quote(self.primary)
+
+
+def stall(case: _Case) -> Finding | None:
+    """The suspects the stall watchdog (or the bisection drill) named."""
+    if not case.stall_suspects:
+        return None
+    sus = case.stall_suspects
+    names = ", ".join(s.node for s in sus)
+    return Finding("node", sus, "relaunch_elsewhere", f"the launch stalled; the heartbeats single out "
+                   f"{names}: {sus[0].reason}", "stall", primary=None)
+
+
+def no_failure(case: _Case) -> Finding | None:
+    if case.failed:
+        return None
+    return Finding("unknown", (), "confirm_once", "no rank failed by itself (every exit was 0 or caused by "
+                   "stopping the launch); nothing to blame", "no_failure")
+
+
+def contract_exit(case: _Case) -> Finding | None:
+    """Exit codes of the trainer contract that are never a node's fault."""
+    if case.code not in SYSTEMIC_CODES or case.primary.local is not None:
+        return None
+    return _finding("systemic", "stop", "contract_exit", case.primary,
+                    f"{case.head}. {SYSTEMIC_CODES[case.code]}; no node is blamed.")
+
+
+def hardware_signature(case: _Case) -> Finding | None:
+    """A hardware/driver signature in the log of a failed rank (unless every node shows it:
+    `hardware_everywhere`)."""
+    primary, failed, head = case.primary, case.failed, case.head
+    local = list(dict.fromkeys(f.exit.node for f in sorted(failed, key=lambda f: f is not primary)
+                               if f.local is not None and f.exit.node))  # the primary's node first
+    if not local:
+        return None
+    if len(case.job_nodes) >= 2 and set(local) >= set(case.job_nodes):
+        what = primary.local[0].name if primary.local else "a hardware error"
+        return _finding("unknown", "confirm_once", "hardware_everywhere", primary,
+                        f"{head}. Every node reports {what}, so no node stands out (a driver or firmware "
+                        "problem?); no node is blamed, one confirming retry.")
+    sus = []
+    for node in local:
+        f = next(f for f in failed if f.exit.node == node and f.local is not None)
+        assert f.local is not None
+        sus.append(Suspect(node, f"{f.local[0].name} in the log of rank {f.exit.rank}: \"{f.local[1]}\"",
+                           _evidence(f, f.local)))
+    first = next(f for f in failed if f.exit.node == local[0] and f.local is not None)
+    assert first.local is not None
+    return _finding("node", "relaunch_elsewhere", "hardware_signature", primary,
+                    f"{head}. Hardware evidence against {', '.join(local)}: {first.local[0].name} "
+                    f"\"{first.local[1]}\" (log: {first.exit.log_path}).", sus, first.local[0].name)
+
+
+def signal(case: _Case) -> Finding | None:
+    """Death by a node signal on exactly one node, no rank elsewhere dying the same way (or on
+    several nodes: `signal_everywhere`)."""
+    primary, code, first_step = case.primary, case.code, case.first_step
+    if primary.signal is None:
+        return None
+    same = {f.exit.node for f in case.failed if f.exit.code == code}
+    if len(same) == 1 and len(case.job_nodes) >= 2:
+        ranks = sorted(f.exit.rank for f in case.failed if f.exit.code == code)
+        sus = Suspect(primary.exit.node, f"rank(s) {', '.join(map(str, ranks))} killed by {primary.signal} "
+                      f"({code}) on this node alone", {**_evidence(primary), "signal": primary.signal, "ranks": ranks})
+        return _finding("node", "relaunch_elsewhere", "signal", primary,
+                        f"{case.head}; no rank on another node died by {primary.signal}: {primary.exit.node} is "
+                        f"suspect.", [sus], primary.signal)
+    if len(same) > 1:
+        kind: Kind = "systemic" if not first_step else "unknown"
+        return _finding(kind, "stop" if not first_step else "confirm_once", "signal_everywhere", primary,
+                        f"{case.head}. Ranks on {len(same)} nodes ({', '.join(sorted(same))}) died by "
+                        f"{primary.signal}{' before the first step' if not first_step else ''}: the cause is "
+                        f"shared (e.g. the configuration does not fit the memory); no node is blamed.")
+    return None
+
+
+def same_failure(case: _Case) -> Finding | None:
+    """The same failure (exit code and last error line) on two or more nodes."""
+    primary, first_step = case.primary, case.first_step
+    key = _failure_key(primary, case.job_nodes)
+    same_nodes = sorted({f.exit.node for f in case.failed if _failure_key(f, case.job_nodes) == key})
+    if len(same_nodes) < 2 or primary.fabric is not None:
+        return None
+    sig = primary.software[0].name if primary.software else None
+    where = f"{case.head}. The same failure on {len(same_nodes)} nodes ({', '.join(same_nodes)})"
+    if not first_step or primary.software is not None:  # it will fail the same way again
+        return _finding("systemic", "stop", "same_failure", primary,
+                        f"{where}{' before the first step' if not first_step else ''}: it is not a node's "
+                        "fault; no node is blamed.", sig=sig)
+    # After training started and matching no known error (e.g. every rank aborting in
+    # torch's gloo teardown after the last step): one confirming retry tells a one-off apart.
+    return _finding("unknown", "confirm_once", "same_failure", primary,
+                    f"{where}, after training started and matching no known error: it is not a node's "
+                    "fault; no node is blamed, one confirming retry.", sig=sig)
+
+
+def software_signature(case: _Case) -> Finding | None:
+    """A known software signature (and no network error behind it)."""
+    primary = case.primary
+    if primary.software is None or primary.fabric is not None:
+        return None
+    name, what = primary.software[0].name, primary.software[0].source
+    return _finding("systemic", "stop", "software_signature", primary,
+                    f"{case.head}. A software or configuration error ({name}: {what}): relaunching elsewhere would "
+                    "fail the same way; no node is blamed.", sig=name)
+
+
+def fabric_error(case: _Case) -> Finding | None:
+    """Network errors alone: the failing node and its victims print the same."""
+    primary = case.primary
+    if primary.fabric is None:
+        return None
+    return _finding("unknown", "confirm_once", "fabric_error", primary,
+                    f"{case.head}. A network error ({primary.fabric[0].name}) that the cause and its peers both "
+                    "report: no node is singled out; none blamed, one confirming retry.", sig=primary.fabric[0].name)
+
+
+def insufficient(case: _Case) -> Finding:
+    """Not enough evidence."""
+    why = ("a single node with no other node to compare" if len(case.job_nodes) < 2
            else "no hardware signature, no node signal, no known error")
-    return _finding("unknown", "confirm_once", "insufficient", primary,
-                    f"{head}. Not enough evidence to blame a node ({why}); none blamed, one confirming retry.")
+    return _finding("unknown", "confirm_once", "insufficient", case.primary,
+                    f"{case.head}. Not enough evidence to blame a node ({why}); none blamed, one confirming retry.")
+
+
+ASSESS_RULES: tuple[Callable[[_Case], Finding | None], ...] = (
+    stall, no_failure, contract_exit, hardware_signature, signal, same_failure, software_signature, fabric_error,
+    insufficient)
+"""The rules of `assess`, in order; each is named as the finding records it (`Finding.rule`;
+`hardware_signature` may record `hardware_everywhere`, `signal` `signal_everywhere`)."""
 
 
 def _ranks_moved(node: str, placements: tuple[Sequence[str], Sequence[str]] | None) -> bool:
@@ -521,8 +604,7 @@ def exclusion_budget(suspects: Sequence[Suspect | dict[str, Any]], *, already_ex
     spend spares and hide that cause. Why 3 per chain: a systemic fault misread as node
     faults would otherwise exclude a node per relaunch until the allocation is gone; after
     three, further exclusions need a probe."""
-    sus = [s if isinstance(s, Suspect) else Suspect(str(s["node"]), str(s.get("reason", "")),
-                                                     dict(s.get("evidence") or {})) for s in suspects]
+    sus = [_suspect(s, reason="") for s in suspects]
     first: dict[str, Suspect] = {}
     for s in sus:
         first.setdefault(s.node, s)  # the first mention of a node (strongest evidence) wins

@@ -65,3 +65,24 @@ def classify_finding(code: int, kind: str) -> str:
     if by_code != "crashed_systemic" or code == BROKEN_ENV:
         return by_code
     return {"node": "crashed_node", "unknown": "crashed_unknown"}.get(kind, "crashed_systemic")
+
+
+import enum  # noqa: E402  (kept beside the class appended last; see StopReason)
+
+
+class StopReason(enum.StrEnum):
+    """Why the supervisor stopped a launch (`AttemptReport.killed_by`; None: it ended by itself
+    or after a rank failed). The values are the strings the report and the ledger store."""
+
+    STOP = "stop"
+    """The run directory's STOP file (`campaign cancel`, a recovering driver, a takeover)."""
+    INTERRUPT = "interrupt"
+    """The deliberate interruption of a resume test (`attempt.Interrupt`)."""
+    RUNDIR_LOST = "rundir_lost"
+    """The run directory was deleted under the launch."""
+    EXIT_HUNG = "exit_hung"
+    """The trainer finished (its last event says how) but the launch did not exit."""
+    STALLED = "stalled"
+    """The stall watchdog: no progress within the budget."""
+    TIMEOUT = "timeout"
+    """The attempt's hard timeout (the stage's timeout_s)."""
