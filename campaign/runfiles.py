@@ -380,16 +380,16 @@ def read_progress_lines(log: str | os.PathLike[str], pattern: re.Pattern[str], o
         if m is None:
             continue
         got = {k: v for k, v in m.groupdict().items() if v is not None}
-        try:
-            row: dict[str, Any] = {STEP: int(got["step"]), LOSS: float(got["loss"])}
-            if "tokens" in got:
-                row[TOKENS] = int(float(got["tokens"]))
+        try:  # the pattern's groups are named after the row's keys, but for the step time's two units
+            row: dict[str, Any] = {STEP: int(got[STEP]), LOSS: float(got[LOSS])}
+            if TOKENS in got:
+                row[TOKENS] = int(float(got[TOKENS]))
             if "step_time" in got:
                 row[STEP_TIME_S] = float(got["step_time"])
             elif "step_time_ms" in got:
                 row[STEP_TIME_S] = float(got["step_time_ms"]) / 1000
-            if "tokens_per_s" in got:
-                row[TOKENS_PER_S] = float(got["tokens_per_s"])
+            if TOKENS_PER_S in got:
+                row[TOKENS_PER_S] = float(got[TOKENS_PER_S])
         except (KeyError, ValueError):
             continue
         rows.append(row)
