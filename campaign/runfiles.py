@@ -32,6 +32,7 @@ from campaign.fields import (EVENT, LOSS, METRIC_FIELDS, NODE, SECONDS, STEP, ST
 from campaign.heartbeatslot import SLOT_BYTES, decode_heartbeat_slot
 from campaign.rundir import EVENTS_FILE, HEARTBEAT_DIR, METRICS_FILE, STARTUP_FILE
 
+# --- metrics.jsonl and events.jsonl, each line checked ----------------------------------
 STEP_MAX = 2**31 - 1
 """Largest step a metrics row may carry (the ledger stores steps as 32-bit integers)."""
 TOKENS_MAX = 10**18
@@ -41,7 +42,7 @@ _NUMBER_FIELDS = (STEP_TIME_S,)
 """Optional fields the watchdog computes with: when present and not null, finite numbers >= 0
 (a NaN step time would make every stall budget NaN and switch the watchdog off)."""
 _OTHER_FIELDS = tuple(f for f in METRIC_FIELDS if f not in (LOSS, *_NUMBER_FIELDS))
-"""Optional fields the ledger stores as floats: a number there must be one a float can hold (a
+"""The ledger's other float columns: a number there must be one a float can hold (a
 401-digit integer cannot); non-finite numbers and non-numbers are stored as null."""
 
 
@@ -366,6 +367,7 @@ def bad_rows_summary(got: MetricsRead, run_dir: str | os.PathLike[str],
             "examples": (earlier["examples"] + got.problems)[:BAD_ROW_EXAMPLES]}
 
 
+# --- a trainer's own output (trainer.progress: stdout) -----------------------------------
 def read_progress_lines(log: str | os.PathLike[str], pattern: re.Pattern[str], offset: int = 0) -> tuple[list[dict], int]:
     """Step rows from a trainer's own output (`trainer.progress: stdout`): every complete line
     of `log` from byte `offset` that `pattern` matches, as {step, loss[, tokens][, step_time_s]}
@@ -440,40 +442,52 @@ def read_heartbeats(run_dir: str | os.PathLike[str]) -> dict[str, dict]:
         entries = sorted(e.name for e in os.scandir(folder) if not e.name.startswith("."))
     except OSError:
         return out
-
-    def keep(name: str, doc: dict) -> None:
-        old = out.get(name)
-        if old is None or float(doc.get(TIME, 0)) >= float(old.get(TIME, 0)):
-            out[name] = doc
-
     for name in entries:
-        path = folder / name
         if name.endswith(".slots"):
-            try:
-                with open(path, "rb") as f:
-                    data = f.read()
-                    for start in range(0, len(data) - SLOT_BYTES + 1, SLOT_BYTES):
-                        rec = data[start:start + SLOT_BYTES]
-                        if rec[:1] in (b"\0", b""):
-                            continue  # never written: the node has not beaten (yet)
-                        doc = _SLOT_CACHE.decode(str(folder), name, start, rec)
-                        for _ in range(3):  # torn by a concurrent rewrite: read the slot again
-                            if doc is not None:
-                                break
-                            time.sleep(0.001)
-                            f.seek(start)
-                            doc = decode_heartbeat_slot(f.read(SLOT_BYTES))
-                        if doc is not None and NODE in doc:
-                            keep(doc[NODE], doc)
-            except OSError:
-                continue
+            docs = _read_group_file(folder, name)
         elif name.endswith(".json"):
-            try:
-                doc = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            keep(doc.get(NODE, path.stem), doc)
+            docs = _read_node_file(folder / name)
+        else:
+            continue
+        for node, doc in docs:
+            old = out.get(node)
+            if old is None or float(doc.get(TIME, 0)) >= float(old.get(TIME, 0)):
+                out[node] = doc
     return out
+
+
+def _read_group_file(folder: Path, name: str) -> list[tuple[str, dict]]:
+    """(node, document) of every written slot of group file `name` (those read before an
+    OSError, if one comes); a slot torn by a concurrent rewrite is read again, up to 3 times."""
+    found: list[tuple[str, dict]] = []
+    try:
+        with open(folder / name, "rb") as f:
+            data = f.read()
+            for start in range(0, len(data) - SLOT_BYTES + 1, SLOT_BYTES):
+                rec = data[start:start + SLOT_BYTES]
+                if rec[:1] in (b"\0", b""):
+                    continue  # never written: the node has not beaten (yet)
+                doc = _SLOT_CACHE.decode(str(folder), name, start, rec)
+                for _ in range(3):  # torn by a concurrent rewrite: read the slot again
+                    if doc is not None:
+                        break
+                    time.sleep(0.001)
+                    f.seek(start)
+                    doc = decode_heartbeat_slot(f.read(SLOT_BYTES))
+                if doc is not None and NODE in doc:
+                    found.append((doc[NODE], doc))
+    except OSError:
+        pass
+    return found
+
+
+def _read_node_file(path: Path) -> list[tuple[str, dict]]:
+    """[(node, document)] of a node's own `<node>.json`; [] when it cannot be read."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return [(doc.get(NODE, path.stem), doc)]
 
 
 def read_startup(run_dir: str | os.PathLike[str]) -> dict | None:
