@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _target import Targets  # noqa: E402
-from campaign import report  # noqa: E402
+from campaign import runfiles  # noqa: E402
 
 TARGET_RATIO = 0.10
 """An asynchronous checkpoint stalls training at most 10% of what a synchronous one does."""
@@ -139,7 +139,7 @@ def run_trainer(cfg: dict, run_dir: Path, name: str, timeout: float) -> tuple[li
         print("\n".join(log.read_text().splitlines()[-40:]), flush=True)
         raise SystemExit(1)
     say(f"{name}: done in {time.perf_counter() - t0:.1f} s")
-    return report.read_metrics(run_dir)[0], report.read_events(run_dir)
+    return runfiles.read_metrics(run_dir)[0], runfiles.read_events(run_dir)
 
 
 def summarize(metrics: list[dict], events: list[dict], every: int, steps: int) -> dict:

@@ -7,7 +7,7 @@
    code asks of the filesystem under the run directory (an open counts 2: open + close
    RPCs; a rename 1; a directory listing 1; a mkdir or unlink 1; pwrite/read on an open file
    0: they go to the object servers, not the MDS) while a real `report.Reporter` beats and
-   while `report.read_heartbeats` reads N synthetic nodes. Writer ops/s = N x ops per beat /
+   while `runfiles.read_heartbeats` reads N synthetic nodes. Writer ops/s = N x ops per beat /
    interval (1 s, the engine's CAMPAIGN_HEARTBEAT_INTERVAL); reader ops/s = ops per read x
    reads per second (one per supervisor poll, `supervisor.POLL_S`).
 2. One supervisor poll stays under 1 s at 10,624 nodes and grows linearly: synthetic writers
@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sqlalchemy as sa  # noqa: E402
 
 from _target import Targets  # noqa: E402
-from campaign import report, supervisor, watchdog  # noqa: E402
+from campaign import report, runfiles, supervisor, watchdog  # noqa: E402
 from campaign.executors import aurora, launchers  # noqa: E402
 from campaign.ledger import open_ledger  # noqa: E402
 from campaign.ledger.models import Attempt, StageRun, StepMetric  # noqa: E402
@@ -214,17 +214,17 @@ def poll_parts(run: Path, n: int, layout: str, repeat: int, now: float) -> dict[
         step[0] += 1
         with open(run / report.METRICS_FILE, "a") as f:
             f.write(json.dumps({"step": step[0], "tokens": 1, "loss": 3.0, "step_time_s": 2.4}) + "\n")
-        rows, offsets["metrics"] = report.read_metrics(run, offsets["metrics"])
+        rows, offsets["metrics"] = runfiles.read_metrics(run, offsets["metrics"])
         return rows
 
     def events_new() -> Any:
-        return report.read_events_from(run, ev_offset)
+        return runfiles.read_events_from(run, ev_offset)
 
     def events_old() -> Any:
-        return report.read_events(run)[-1:]
+        return runfiles.read_events(run)[-1:]
 
     def heartbeats() -> Any:  # what _observe does with them: the set of phases
-        beats = report.read_heartbeats(run)
+        beats = runfiles.read_heartbeats(run)
         return {r.get("phase") for b in beats.values() for r in b.get("ranks", {}).values()}
 
     out: dict[str, float] = {}
@@ -239,14 +239,14 @@ def poll_parts(run: Path, n: int, layout: str, repeat: int, now: float) -> dict[
         rewrite_heartbeats(run, n, layout, share, now)
         ms, fresh = median_ms(heartbeats, 1)
         hb_ms.append(ms)
-        ms, found = median_ms(lambda: watchdog.culprits(report.read_heartbeats(run), hosts, now, policy), 1)
+        ms, found = median_ms(lambda: watchdog.culprits(runfiles.read_heartbeats(run), hosts, now, policy), 1)
         cul_ms.append(ms)
     out["heartbeats"], out["culprits"] = statistics.median(hb_ms), statistics.median(cul_ms)
     assert fresh == {"compute", "collective"}, fresh
     assert [c["node"] for c in found] == [host(n // 3)], found[:3]
     out["decide"], d = median_ms(lambda: watchdog.decide(w, policy, now), repeat)
     assert d.stalled
-    beats = report.read_heartbeats(run)
+    beats = runfiles.read_heartbeats(run)
     out["stragglers"], slow = median_ms(lambda: watchdog.stragglers(beats, policy.straggler_ratio), repeat)
     assert [s["node"] for s in slow] == [host(n // 2)], slow[:3]
     out["poll"] = sum(out[k] for k in ("metrics", "events", "heartbeats", "decide", "culprits", "stragglers"))
@@ -272,7 +272,7 @@ def poll_parts(run: Path, n: int, layout: str, repeat: int, now: float) -> dict[
 
 
 def reader_ops(run: Path) -> int:
-    return COUNTER.count(run, lambda: report.read_heartbeats(run))
+    return COUNTER.count(run, lambda: runfiles.read_heartbeats(run))
 
 
 def part_supervisor(args: argparse.Namespace, tmp: Path) -> dict[int, dict[str, Any]]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from campaign import contract, exits, report
+from campaign import contract, exits, runfiles
 from campaign.attempt import build_request, trainer_config
 from campaign.spec import CampaignSpec
 from campaign.stagebase import Targets
@@ -102,8 +102,8 @@ def _launch(spec: CampaignSpec, spec_dir: Path, root: Path, name: str, number: i
                             watchdog=WatchdogPolicy(drill_s=0))
     request.config_path.write_text(config.model_dump_json(indent=2))
     rep = supervise(request)
-    return {**rep, "run_dir": str(run_dir), "metrics": report.read_metrics(run_dir)[0],
-            "startup": report.read_startup(run_dir), "heartbeats": report.read_heartbeats(run_dir),
+    return {**rep, "run_dir": str(run_dir), "metrics": runfiles.read_metrics(run_dir)[0],
+            "startup": runfiles.read_startup(run_dir), "heartbeats": runfiles.read_heartbeats(run_dir),
             "checkpoints": contract.list_checkpoints(spec.trainer.checkpoints, ckpt), "resume_from": resume_from}
 
 

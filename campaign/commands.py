@@ -689,7 +689,7 @@ def inject_fault(ledger: Ledger, name: str, fault: str, rank: int, *, after_step
     driver knows the fault was a drill (an exclusion it causes binds this campaign only).
     Returns what was done; raises CampaignError when nothing runs, the campaign ends first,
     the rank is not there, or the step is not reached within `wait_s`."""
-    from campaign import report, rundir
+    from campaign import rundir, runfiles
     from campaign.lease import is_live
     from campaign.ledger import reads
     from campaign.ledger.models import db_utcnow
@@ -721,7 +721,7 @@ def inject_fault(ledger: Ledger, name: str, fault: str, rank: int, *, after_step
                                    f"--attempt next`, then `campaign resume {name}` or `campaign submit FILE`"))
         seen_running = seen_running or running
         pids = rundir.read_json(run_dir / PIDS_FILE) if run_dir else None
-        rows, _ = report.read_metrics(run_dir) if run_dir else ([], 0)
+        rows, _ = runfiles.read_metrics(run_dir) if run_dir else ([], 0)
         if pids and (rows and rows[-1]["step"] >= after_step or not after_step):
             break
         if time.monotonic() > end:

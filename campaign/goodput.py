@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterable, Sequence
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from campaign.fields import EVENT, SECONDS, STEP
 from campaign.ledger.models import Attempt, Campaign, StageRun
 
 LOST = ("startup_s", "checkpoint_stall_s", "recomputed_s", "detection_s", "restart_s", "other_s")
@@ -155,7 +156,7 @@ def record_attempt(s: Session, a: Attempt, events: Sequence[dict[str, Any]] = ()
     rows = s.execute(sa.select(StepMetric.step, StepMetric.time, StepMetric.step_time_s)
                      .where(StepMetric.attempt_id == a.id)).all()
     steps = [Step(r.step, r.time, r.step_time_s or 0.0) for r in rows if r.time is not None]
-    saves = {int(e["step"]): float(e.get("seconds") or 0.0) for e in events if e.get("event") == "checkpoint_saved"}
+    saves = {int(e[STEP]): float(e.get(SECONDS) or 0.0) for e in events if e.get(EVENT) == "checkpoint_saved"}
     times = AttemptTimes(started=epoch(a.started) or 0.0, finished=epoch(a.finished or a.updated) or 0.0,
                          exit_class=a.state, steps=steps, saves=saves, done_before=_done_before(a))
     g = account_attempt(times)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from campaign import report, rundir
+from campaign import report, rundir, runfiles
 from campaign.errors import CampaignConflict
 from campaign.guard import working_in
 from campaign.lease import process_alive
@@ -139,10 +139,10 @@ def adopt_orphan(s: Session, a: Attempt) -> dict[str, int]:
     except (OSError, ValueError, KeyError, TypeError):
         run_cfg = {}
     max_step = run_cfg.get("max_steps") if isinstance(run_cfg, dict) else None
-    max_step = max_step if isinstance(max_step, int) and 0 <= max_step < report.STEP_MAX else report.STEP_MAX
-    checked = report.read_metrics_checked(run_dir, max_step=max_step)  # the whole file: the bad-row count is exact
+    max_step = max_step if isinstance(max_step, int) and 0 <= max_step < runfiles.STEP_MAX else runfiles.STEP_MAX
+    checked = runfiles.read_metrics_checked(run_dir, max_step=max_step)  # the whole file: the bad-row count is exact
     steps = writes.ingest_steps(s, a, checked.rows)
-    bad = report.bad_rows_summary(checked, run_dir)
+    bad = runfiles.bad_rows_summary(checked, run_dir)
     if bad is not None:
         writes.record_bad_metric_rows(s, a, bad, first=not (a.summary or {}).get("bad_metric_rows"))
     try:

@@ -1,4 +1,5 @@
-"""The trainer contract, in one dependency-free module (stdlib only; no torch).
+"""The trainer contract's writers, in one dependency-free module (stdlib only; no torch): what
+a trainer imports to write its part of an attempt's run directory.
 
 Writers, for a trainer (the built-in one, or your own script in three lines)::
 
@@ -12,11 +13,12 @@ Writers, for a trainer (the built-in one, or your own script in three lines)::
 
 Helpers, for your own script (stdlib only): `run_config()` (what this attempt must do),
 `startup_check(...)` from your own all-gather / all-reduce, `begin_checkpoint` /
-`complete_checkpoint` (meta.json, then `.complete`), `latest_complete_checkpoint()`.
+`complete_checkpoint` (meta.json, then `.complete`), `latest_complete_checkpoint()` and
+`list_checkpoints` (what to resume from), `check_checkpoint_files` (before a load).
 
-Readers, for the driver: `read_metrics` (`read_metrics_checked` also counts the rows it had
-to skip), `read_events` (`read_events_from` with a byte offset, for a poll loop),
-`read_heartbeats`, `read_startup`, `list_checkpoints`.
+The driver reads these files with `campaign.runfiles` (`read_metrics`, `read_events`,
+`read_heartbeats`, `read_startup`, ...); the keys of their rows are named once in
+`campaign.fields`, their file names in `campaign.rundir`.
 
 Files in the attempt's run directory (`CAMPAIGN_RUN_DIR`):
 
@@ -27,10 +29,11 @@ Files in the attempt's run directory (`CAMPAIGN_RUN_DIR`):
   of the hostfile owns the SLOT_BYTES-byte slot (i % HEARTBEAT_GROUP) of group i // HEARTBEAT_GROUP
   and its local rank 0 overwrites that slot in place every heartbeat interval (one pwrite to a
   file it keeps open: no create, rename or close per beat, so no metadata-server operation on
-  a shared filesystem; docs/performance.md, "Supervisor and heartbeats at Aurora size").
+  a shared filesystem; docs/performance.md, "Supervisor and heartbeats at Aurora size";
+  the slot's format: `campaign.heartbeatslot`).
   A node missing from the hostfile (or a trainer run without one) falls back to
   `heartbeats/<node>.json`, rewritten atomically (tmp + rename) every interval.
-  `read_heartbeats` reads both layouts into the same {node: document}. Every rank's own daemon thread
+  `runfiles.read_heartbeats` reads both layouts into the same {node: document}. Every rank's own daemon thread
   writes its state to a small file on node-local storage (/dev/shm, else the temp dir);
   local rank 0's thread folds them into the node's file. A rank's `time` is refreshed by
   its thread while the process lives, so a SIGSTOPped process goes stale; `phase`, `step`
@@ -42,9 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
-import re
 import shutil
 import socket
 import sys
@@ -53,8 +54,11 @@ import threading
 import time
 import zlib
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
+from campaign.fields import COMPUTE_S, EVENT, LOSS, NODE, PHASE, RANKS, SINCE, STEP, STEP_TIME_S, TIME, TOKENS
+from campaign.heartbeatslot import encode_heartbeat_slot, heartbeat_group_file, heartbeat_slot_offset
+from campaign.heartbeatslot import HEARTBEAT_GROUP, SLOT_BYTES, decode_heartbeat_slot  # noqa: F401 (report.X, as before)
 from campaign.rundir import EVENTS_FILE, HEARTBEAT_DIR, METRICS_FILE, STARTUP_FILE  # the contract's files, named in rundir
 
 # Exit codes of the trainer contract (docs/trainer-contract.md).
@@ -78,12 +82,6 @@ EVENTS = ("start", "checkpoint_loaded", "checkpoint_saved", "done", "nonfinite_l
 
 COMPLETE_MARKER = ".complete"
 META_FILE = "meta.json"
-HEARTBEAT_GROUP = 256
-"""Nodes per heartbeat group file: 42 files at 10,624 nodes, so a reader opens 42 files, not 10,624."""
-SLOT_BYTES = 4096
-"""One node's slot in a group file: one page, so two nodes never write the same page (Lustre
-extent locks are page-granular). 12 ranks' states take ~1.5 KB; a node whose document does not
-fit falls back to its own `<node>.json`."""
 
 
 def checkpoint_name(step: int) -> str:
@@ -120,74 +118,6 @@ def heartbeat_slot(hostfile: str | os.PathLike[str] | None, node: str) -> tuple[
     return found
 
 
-def heartbeat_group_file(slot: int) -> str:
-    """Name (under heartbeats/) of the group file that holds hostfile slot `slot`."""
-    return f"group-{slot // HEARTBEAT_GROUP:05d}.slots"
-
-
-def heartbeat_slot_offset(slot: int) -> int:
-    """Byte offset of slot `slot` in its group file."""
-    return (slot % HEARTBEAT_GROUP) * SLOT_BYTES
-
-
-def encode_heartbeat_slot(doc: dict[str, Any]) -> bytes | None:
-    """One slot: `<crc32 hex> <json>\\n`, space-padded to SLOT_BYTES; None if it does not fit.
-
-    The CRC lets a reader reject a slot torn by a concurrent rewrite (a single write is atomic
-    against reads on Lustre, not on every local filesystem)."""
-    body = json.dumps(doc, separators=(",", ":")).encode()
-    rec = b"%08x %s\n" % (zlib.crc32(body), body)
-    if len(rec) > SLOT_BYTES:
-        return None
-    return rec.ljust(SLOT_BYTES, b" ")
-
-
-def decode_heartbeat_slot(rec: bytes) -> dict[str, Any] | None:
-    """The document of one slot; None if never written (zeros) or torn (CRC mismatch)."""
-    end = rec.find(b"\n")
-    if end < 10 or rec[8:9] != b" ":
-        return None
-    body = rec[9:end]
-    try:
-        if int(rec[:8], 16) != zlib.crc32(body):
-            return None
-        doc = json.loads(body)
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-class _SlotCache:
-    """Decoded slots of the last heartbeat folder read, keyed by (file, offset) and checked
-    against the slot's exact bytes. Nodes rewrite their slot once per interval (1 s) while the
-    supervisor reads every poll (0.25 s), and twice on a stall poll (phases, then culprits):
-    most reads find the same bytes and skip the JSON decode, the bulk of a read at 10,624 nodes.
-    Documents are shared between calls: callers must not mutate them."""
-
-    def __init__(self) -> None:
-        self.folder: str | None = None
-        self.slots: dict[tuple[str, int], tuple[bytes, dict[str, Any]]] = {}
-        self.lock = threading.Lock()
-
-    def decode(self, folder: str, name: str, start: int, rec: bytes) -> dict[str, Any] | None:
-        rec = rec[:rec.find(b"\n") + 1]  # what decoding reads (the padding after it is not kept)
-        with self.lock:
-            if folder != self.folder:  # another run directory: forget the last one's slots
-                self.folder, self.slots = folder, {}
-            hit = self.slots.get((name, start))
-        if hit is not None and hit[0] == rec:
-            return hit[1]
-        doc = decode_heartbeat_slot(rec)
-        if doc is not None:
-            with self.lock:
-                if folder == self.folder:
-                    self.slots[(name, start)] = (rec, doc)
-        return doc
-
-
-_SLOT_CACHE = _SlotCache()
-
-
 def _open_append(path: str | os.PathLike[str]) -> int:
     return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
@@ -196,10 +126,19 @@ def _write_whole(fd: int, data: bytes) -> None:
     """Append `data` (whole lines) to `fd` (opened O_APPEND) in one os.write, so a process
     killed between rows leaves only whole lines, and concurrent writers (the checkpoint
     thread's events) never interleave within a line. Readers take only complete lines
-    (`_complete_lines`). A short write (a full disk) is finished in further writes."""
+    (`campaign.runfiles`). A short write (a full disk) is finished in further writes."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def append_metrics(run_dir: str | os.PathLike[str], rows: list[dict[str, Any]]) -> None:
+    """Append step rows to metrics.jsonl (the stdout adapter writes the rows a trainer did not)."""
+    fd = _open_append(Path(run_dir) / METRICS_FILE)
+    try:  # all rows in one write, as the Reporter writes each of its own
+        _write_whole(fd, "".join(json.dumps(r) + "\n" for r in rows).encode())
+    finally:
+        os.close(fd)
 
 
 def remove_node_local(run_dir: str | os.PathLike[str], node: str, attempt: str) -> None:
@@ -246,7 +185,7 @@ class Reporter:
         self.local_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / HEARTBEAT_DIR).mkdir(parents=True, exist_ok=True)
         now = time.time()
-        self._state: dict[str, Any] = {"step": 0, "phase": "init", "since": now, "time": now}
+        self._state: dict[str, Any] = {STEP: 0, PHASE: "init", SINCE: now, TIME: now}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat_forever, name="campaign-heartbeat",
@@ -277,31 +216,31 @@ class Reporter:
         `timed=False`: this move from compute to a collective is not the step's gradient
         collective, so it does not count towards the compute time per step."""
         with self._lock:
-            if phase != self._state["phase"] or step != self._state["step"]:
+            if phase != self._state[PHASE] or step != self._state[STEP]:
                 now = time.time()
-                if self._state["phase"] == "compute" and phase == "collective" and timed:
+                if self._state[PHASE] == "compute" and phase == "collective" and timed:
                     # Time this rank computed before joining the collective: a straggler's
                     # is k times its peers' (EMA, so one slow step does not make a straggler).
-                    took = now - self._state["since"]
-                    ema = self._state.get("compute_s")
-                    self._state["compute_s"] = took if ema is None else 0.7 * ema + 0.3 * took
-                self._state.update(phase=phase, step=step, since=now)
+                    took = now - self._state[SINCE]
+                    ema = self._state.get(COMPUTE_S)
+                    self._state[COMPUTE_S] = took if ema is None else 0.7 * ema + 0.3 * took
+                self._state.update({PHASE: phase, STEP: step, SINCE: now})
 
     def step(self, *, step: int, tokens: int, loss: float, step_time_s: float,
              **extra: Any) -> None:
         """Record a finished optimizer step: rank 0 appends to metrics.jsonl."""
         with self._lock:  # with steps overlapped the phase is the next step's already
-            self._state["step"] = max(step, self._state["step"])
+            self._state[STEP] = max(step, self._state[STEP])
         if self.rank == 0:
-            row = {"step": step, "tokens": tokens, "loss": loss, "step_time_s": step_time_s}
+            row = {STEP: step, TOKENS: tokens, LOSS: loss, STEP_TIME_S: step_time_s}
             row.update(extra)
-            row.setdefault("time", time.time())
+            row.setdefault(TIME, time.time())
             self._append(METRICS_FILE, row)
 
     def event(self, name: str, step: int, **extra: Any) -> None:
         """Append an event (rank 0 only; other ranks ignore the call)."""
         if self.rank == 0:
-            self._append(EVENTS_FILE, {"event": name, "step": step, "time": time.time(), **extra})
+            self._append(EVENTS_FILE, {EVENT: name, STEP: step, TIME: time.time(), **extra})
 
     def _append(self, name: str, obj: dict[str, Any]) -> None:
         """One line, one os.write on the file's kept descriptor: in the file (readable by
@@ -320,7 +259,7 @@ class Reporter:
 
     def close(self) -> None:
         """Phase "done", a last heartbeat, and stop the thread."""
-        self.phase("done", self._state["step"])
+        self.phase("done", self._state[STEP])
         self._stop.set()
         self._thread.join(timeout=5)
         self._publish()
@@ -342,7 +281,7 @@ class Reporter:
     def _all_local_done(self) -> bool:
         for f in self.local_dir.glob("rank-*.json"):
             try:
-                if json.loads(f.read_text()).get("phase") != "done":
+                if json.loads(f.read_text()).get(PHASE) != "done":
                     return False
             except (OSError, ValueError):
                 return False
@@ -358,7 +297,7 @@ class Reporter:
 
     def _publish(self) -> None:
         with self._lock:
-            self._state["time"] = time.time()
+            self._state[TIME] = time.time()
             mine = dict(self._state)
         self.local_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.local_dir / f"rank-{self.rank}.json", mine)
@@ -371,7 +310,7 @@ class Reporter:
                     continue  # being replaced right now; next beat picks it up
             ranks[str(self.rank)] = mine
             name = self.slot[1] if self.slot is not None else self.node
-            doc = {"node": name, "time": time.time(), "ranks": dict(sorted(ranks.items()))}
+            doc = {NODE: name, TIME: time.time(), RANKS: dict(sorted(ranks.items()))}
             rec = encode_heartbeat_slot(doc) if self.slot is not None else None
             if rec is None:
                 write_json_atomic(self.run_dir / HEARTBEAT_DIR / f"{name}.json", doc)
@@ -392,315 +331,6 @@ def node_name() -> str:
         if os.environ.get(var):
             return os.environ[var]
     return socket.gethostname()
-
-
-# --- readers (for the driver) ---------------------------------------------------
-STEP_MAX = 2**31 - 1
-"""Largest step a metrics row may carry (the ledger stores steps as 32-bit integers)."""
-TOKENS_MAX = 10**18
-"""Largest cumulative token count a metrics row may carry: far beyond any run, below a
-64-bit integer (the ledger's column)."""
-_NUMBER_FIELDS = ("step_time_s",)
-"""Optional fields the watchdog computes with: when present and not null, finite numbers >= 0
-(a NaN step time would make every stall budget NaN and switch the watchdog off)."""
-_OTHER_FIELDS = ("tokens_per_s", "mfu", "comm_time_s", "mem_peak_gib", "lr", "grad_norm", "time")
-"""Optional fields the ledger stores as floats: a number there must be one a float can hold (a
-401-digit integer cannot); non-finite numbers and non-numbers are stored as null."""
-
-
-class MetricsRead(NamedTuple):
-    """What `read_metrics_checked` (or `read_events_checked`) read: the valid rows, the offset
-    to read on from, how many complete lines it skipped as invalid, why (the first few, as
-    "line N: reason: text"), the line number to read on from and the last valid step."""
-
-    rows: list[dict]
-    offset: int
-    bad: int
-    problems: list[str]
-    line: int = 1
-    last_step: int = -1
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _short(v: Any) -> str:
-    """`v` for a message: a huge number or string is cut (a 401-digit number is 401 characters)."""
-    if _is_int(v) and abs(v) >= 10**20:
-        return f"an integer of {len(str(abs(v)))} digits"
-    text = repr(v)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _number(v: Any) -> float | None:
-    """`v` as a float, or None when it is no number (a bool, a string) or too large for one."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    try:
-        return float(v)
-    except OverflowError:
-        return None
-
-
-def check_metrics_row(row: Any, *, max_step: int = STEP_MAX) -> str | None:
-    """Why `row` (a parsed line of metrics.jsonl) is not a valid metrics row, or None if it is.
-
-    Valid: a JSON object; `step` an integer 0 <= step <= `max_step` (not a bool, not a float,
-    not a string; `max_step` is the attempt's last step, at most STEP_MAX); `loss` present and
-    a number (not a bool): NaN and +-inf are kept (a non-finite loss is evidence), null is
-    read as NaN; `tokens`, when present, an integer 0 <= tokens <= TOKENS_MAX; `step_time_s`,
-    when present and not null, a finite number >= 0; every other ledger column (`tokens_per_s`,
-    `mfu`, `lr`, ...), when a number, one a float can hold (other values are stored as null). A valid row is
-    normalised in place: an integer or null loss becomes a float."""
-    if not isinstance(row, dict):
-        return f"not a JSON object but {type(row).__name__}"
-    step = row.get("step")
-    if "step" not in row:
-        return "no step"
-    if not _is_int(step) or not 0 <= step <= STEP_MAX:
-        return f"step {_short(step)} is not an integer in [0, {STEP_MAX}]"
-    if step > max_step:
-        return f"step {step} is beyond the attempt's last step {max_step}"
-    if "tokens" in row:
-        tokens = row["tokens"]
-        if not _is_int(tokens) or not 0 <= tokens <= TOKENS_MAX:
-            return f"tokens {_short(tokens)} is not an integer in [0, {TOKENS_MAX:.0e}]"
-    if "loss" not in row:
-        return "no loss"
-    loss = math.nan if row["loss"] is None else _number(row["loss"])
-    if loss is None:
-        return f"loss {_short(row['loss'])} is not a number"
-    row["loss"] = loss
-    for key in _NUMBER_FIELDS:
-        v = row.get(key)
-        if v is not None and ((x := _number(v)) is None or not math.isfinite(x) or x < 0):
-            return f"{key} {_short(v)} is not a finite number >= 0"
-    for key in _OTHER_FIELDS:
-        v = row.get(key)
-        if _is_int(v) and _number(v) is None:
-            return f"{key} {_short(v)} is out of a float's range"
-    return None
-
-
-def check_event_row(row: Any) -> str | None:
-    """Why `row` (a parsed line of events.jsonl) is not a valid event, or None if it is: a JSON
-    object whose `event` is a string; `step`, when present and not null, an integer in
-    [0, STEP_MAX]; `seconds`, when present and not null, a finite number >= 0 (the readers of
-    events, the watchdog and goodput, compute with these three)."""
-    if not isinstance(row, dict):
-        return f"not a JSON object but {type(row).__name__}"
-    if not isinstance(row.get("event"), str):
-        return f"event {_short(row.get('event'))} is not a string"
-    step = row.get("step")
-    if step is not None and (not _is_int(step) or not 0 <= step <= STEP_MAX):
-        return f"step {_short(step)} is not an integer in [0, {STEP_MAX}]"
-    v = row.get("seconds")
-    if v is not None and ((x := _number(v)) is None or not math.isfinite(x) or x < 0):
-        return f"seconds {_short(v)} is not a finite number >= 0"
-    return None
-
-
-def _complete_lines(path: str | os.PathLike[str], offset: int) -> bytes:
-    """The bytes of `path` from `offset` up to and including its last newline (b"" when the
-    file does not exist): a partial last line, still being written, is left for the next read."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except FileNotFoundError:
-        return b""
-    return data[:data.rfind(b"\n") + 1]
-
-
-class StepChain:
-    """Which rows of one attempt's metrics.jsonl its trainer can have written, judged by their
-    place in the file. The trainer appends one row per logged step, in order, so:
-
-    - steps go up from the attempt's start (`start`: the step of the checkpoint it resumes
-      from, 0 for a fresh one) and stay within its last step (`max_step`);
-    - cumulative `tokens` never go back, and `time` stamps neither go back (beyond
-      TIME_SLACK_S, a clock step) nor go missing where the rows before carry them;
-    - a row that jumps further ahead than the attempt's rows have stepped so far (`stride`,
-      the widest gap between two accepted rows; 1 at first) is *held* until the next row
-      says which of the two the trainer wrote: a row that follows the held one confirms it;
-      one that follows the row before it refutes it (a forged or corrupted row: rejected and
-      counted, and the real rows after it kept). `end()` (the attempt is over) takes a held row.
-
-    So one forged row anywhere (`{"step": 999, "loss": 1.0, "tokens": 1}` appended mid-run) is
-    rejected, never the real rows after it. A row that follows neither is rejected itself.
-    One chain per attempt, fed every well-formed row in file order; where the reads cut the
-    file does not change what it decides. Rows of a trainer that logs every step are taken
-    at once (no row waits for the next)."""
-
-    TIME_SLACK_S = 2.0
-    """A row's time stamp may be this much earlier than the row's before it (a wall clock stepped back)."""
-
-    def __init__(self, *, max_step: int = STEP_MAX, start: int = 0) -> None:
-        self.max_step, self.start = max_step, max(start, 0)
-        self.last: dict | None = None
-        """The last accepted row."""
-        self.stride = 1
-        self.held: tuple[dict, int, bytes] | None = None
-        """(row, line number, text) of the row waiting for the next one."""
-
-    @property
-    def last_step(self) -> int:
-        """The last accepted step (-1: none yet)."""
-        return -1 if self.last is None else int(self.last["step"])
-
-    @property
-    def tip(self) -> int:
-        """The furthest step written that is not refuted (a held row's, else the last accepted)."""
-        return int(self.held[0]["step"]) if self.held is not None else self.last_step
-
-    def follows(self, row: dict, prev: dict | None) -> str | None:
-        """Why `row` cannot come right after `prev` in the trainer's file, or None if it can."""
-        if prev is None:
-            return None
-        step, before = row["step"], prev["step"]
-        if step <= before:
-            return f"step {step} does not follow step {before}"
-        tokens, had = row.get("tokens"), prev.get("tokens")
-        if _is_int(tokens) and _is_int(had) and tokens < had:
-            return f"tokens {tokens} go back from the {had} of step {before} (tokens are cumulative)"
-        t, was = _number(row.get("time")), _number(prev.get("time"))
-        if was is not None and math.isfinite(was):
-            if t is None:
-                return f"no time stamp, where step {before}'s row has one"
-            if t < was - self.TIME_SLACK_S:
-                return f"time stamp {t:.3f} is before step {before}'s ({was:.3f})"
-        return None
-
-    def _expected(self, row: dict) -> bool:
-        if self.last is None:
-            return row["step"] <= self.start + 1
-        return row["step"] - self.last["step"] <= self.stride
-
-    def _accept(self, row: dict, out: list[dict]) -> None:
-        if self.last is not None:
-            self.stride = max(self.stride, row["step"] - self.last["step"])
-        self.last = row
-        out.append(row)
-
-    def add(self, row: dict, n: int, text: bytes) -> tuple[list[dict], list[tuple[int, str, bytes]]]:
-        """Feed the next well-formed row (line `n`, its `text`): the rows it lets the chain
-        accept (a held row confirmed, this one) and those it rejects ((line, why, text))."""
-        accepted: list[dict] = []
-        rejected: list[tuple[int, str, bytes]] = []
-        if self.held is not None:
-            held, hn, htext = self.held
-            if self.follows(row, held) is None:
-                self.held = None
-                self._accept(held, accepted)
-            elif self.follows(row, self.last) is None:
-                self.held = None
-                rejected.append((hn, f"step {held['step']} is not the trainer's: the row after it (step {row['step']}) "
-                                     f"follows step {self.last_step} instead", htext))
-            else:
-                why = self.follows(row, self.last) or ""
-                rejected.append((n, why, text))
-                return accepted, rejected
-        why = self.follows(row, self.last)
-        if why is not None:
-            rejected.append((n, why, text))
-        elif self._expected(row):
-            self._accept(row, accepted)
-        else:
-            self.held = (row, n, text)
-        return accepted, rejected
-
-    def end(self) -> list[dict]:
-        """The attempt is over: a held row no later row refuted is taken."""
-        out: list[dict] = []
-        if self.held is not None:
-            self._accept(self.held[0], out)
-            self.held = None
-        return out
-
-
-def _read_checked(path: Path, offset: int, line: int, check: Any, keep_problems: int,
-                  chain: StepChain | None = None, final: bool = False) -> MetricsRead:
-    """The complete lines of `path` from byte `offset` (line number `line`), each parsed and
-    checked by `check`; with `chain` (metrics rows), each well-formed row is judged by its
-    place among the attempt's rows too (`StepChain`), and `final` ends the chain (the file
-    is complete: a held row is taken)."""
-    data = _complete_lines(path, offset)
-    rows: list[dict] = []
-    bad = 0
-    problems: list[str] = []
-
-    def skip(n: int, why: str, text: bytes) -> None:
-        nonlocal bad
-        bad += 1
-        if len(problems) < keep_problems:
-            shown = text[:80].decode("utf-8", errors="replace")
-            problems.append(f"line {n}: {why}: {shown}{'...' if len(text) > 80 else ''}")
-
-    for n, text in enumerate(data.split(b"\n")[:-1], start=line):
-        if not text.strip():
-            continue
-        try:
-            row = json.loads(text)
-            why = check(row)
-        except (ValueError, RecursionError) as e:  # not JSON (UnicodeDecodeError is a ValueError)
-            why = f"not JSON ({type(e).__name__})"
-        if why is not None:
-            skip(n, why, text)
-        elif chain is None:
-            rows.append(row)
-        else:
-            taken, refused = chain.add(row, n, text)
-            rows += taken
-            for args in refused:
-                skip(*args)
-    if chain is not None and final:
-        rows += chain.end()
-    return MetricsRead(rows, offset + len(data), bad, problems, line + data.count(b"\n"),
-                       -1 if chain is None else chain.last_step)
-
-
-def read_metrics_checked(run_dir: str | os.PathLike[str], offset: int = 0, *, keep_problems: int = 5,
-                         line: int = 1, chain: StepChain | None = None, final: bool = False,
-                         max_step: int = STEP_MAX) -> MetricsRead:
-    """Valid rows of metrics.jsonl from byte `offset` (line number `line`; see
-    `check_metrics_row`), the new offset, the number of complete lines skipped (not JSON, not a
-    valid row, a step beyond the attempt's last, or a row its trainer cannot have written:
-    `StepChain`), and the reasons for the first `keep_problems` of them ("line N: reason: text").
-
-    `chain`: the attempt's chain, carried from one read to the next (a poll loop); its
-    `max_step` is the attempt's last step. Without one, the read is of the whole file as it is
-    now (a fresh chain with `max_step`, ended: `final`).
-    A partial last line (being written) is left for the next call: the offset stops before it.
-    Blank lines are skipped without counting."""
-    if chain is None:
-        chain, final = StepChain(max_step=max_step), True
-    limit = chain.max_step
-    return _read_checked(Path(run_dir) / METRICS_FILE, offset, line,
-                         lambda row: check_metrics_row(row, max_step=limit), keep_problems, chain, final)
-
-
-def read_events_checked(run_dir: str | os.PathLike[str], offset: int = 0, *, keep_problems: int = 5,
-                        line: int = 1) -> MetricsRead:
-    """Valid events of events.jsonl from byte `offset` (see `check_event_row`), as
-    `read_metrics_checked` reads metrics rows (steps of events need not go up)."""
-    return _read_checked(Path(run_dir) / EVENTS_FILE, offset, line, check_event_row, keep_problems)
-
-
-BAD_ROW_EXAMPLES = 5
-"""How many skipped metrics rows an attempt's summary quotes (with their reasons)."""
-
-
-def bad_rows_summary(got: MetricsRead, run_dir: str | os.PathLike[str],
-                     earlier: dict | None = None, *, name: str = METRICS_FILE) -> dict | None:
-    """What the driver keeps of the rows a read of file `name` skipped (an attempt's
-    summary["bad_metric_rows"] or ["bad_event_rows"]): {"count", "examples" ("line N: reason:
-    text"), "file"}, added to `earlier`; `earlier` itself when the read skipped none."""
-    if not got.bad:
-        return earlier
-    earlier = earlier or {"count": 0, "examples": [], "file": str(Path(run_dir) / name)}
-    return {**earlier, "count": earlier["count"] + got.bad,
-            "examples": (earlier["examples"] + got.problems)[:BAD_ROW_EXAMPLES]}
 
 
 # --- helpers for a trainer of your own (docs/trainer-contract.md, "Helpers") -----------------
@@ -843,135 +473,6 @@ def write_durable(path: str | os.PathLike[str], data: bytes) -> None:
         os.close(fd)
 
 
-def latest_complete_checkpoint(checkpoint_dir: str | os.PathLike[str] | None = None) -> Path | None:
-    """The newest complete `step-NNNNNNNN/` folder in `checkpoint_dir` (default: this attempt's,
-    CAMPAIGN_CHECKPOINT_DIR), or None."""
-    root = checkpoint_dir or os.environ.get("CAMPAIGN_CHECKPOINT_DIR")
-    done = [c for c in list_checkpoints(root) if c["complete"]] if root else []
-    return Path(done[-1]["path"]) if done else None
-
-
-def read_progress_lines(log: str | os.PathLike[str], pattern: re.Pattern[str], offset: int = 0) -> tuple[list[dict], int]:
-    """Step rows from a trainer's own output (`trainer.progress: stdout`): every complete line
-    of `log` from byte `offset` that `pattern` matches, as {step, loss[, tokens][, step_time_s]}
-    (`step_time` in seconds, or `step_time_ms` in milliseconds, as nanoGPT prints it;
-    `tokens_per_s`, as build-nanogpt's `tok/sec`);
-    returns (rows, new_offset). A partial last line is left for the next call, as `read_metrics`
-    does; a match whose numbers do not parse is skipped."""
-    data = _complete_lines(log, offset)
-    rows = []
-    for line in data.decode("utf-8", errors="replace").splitlines():
-        m = pattern.search(line)
-        if m is None:
-            continue
-        got = {k: v for k, v in m.groupdict().items() if v is not None}
-        try:
-            row: dict[str, Any] = {"step": int(got["step"]), "loss": float(got["loss"])}
-            if "tokens" in got:
-                row["tokens"] = int(float(got["tokens"]))
-            if "step_time" in got:
-                row["step_time_s"] = float(got["step_time"])
-            elif "step_time_ms" in got:
-                row["step_time_s"] = float(got["step_time_ms"]) / 1000
-            if "tokens_per_s" in got:
-                row["tokens_per_s"] = float(got["tokens_per_s"])
-        except (KeyError, ValueError):
-            continue
-        rows.append(row)
-    return rows, offset + len(data)
-
-
-def append_metrics(run_dir: str | os.PathLike[str], rows: list[dict[str, Any]]) -> None:
-    """Append step rows to metrics.jsonl (the stdout adapter writes the rows a trainer did not)."""
-    fd = _open_append(Path(run_dir) / METRICS_FILE)
-    try:  # all rows in one write, as the Reporter writes each of its own
-        _write_whole(fd, "".join(json.dumps(r) + "\n" for r in rows).encode())
-    finally:
-        os.close(fd)
-
-
-def read_metrics(run_dir: str | os.PathLike[str], offset: int = 0, *, chain: StepChain | None = None,
-                 final: bool = False, max_step: int = STEP_MAX) -> tuple[list[dict], int]:
-    """Valid rows of metrics.jsonl from byte `offset`; returns (rows, new_offset).
-
-    A partial last line (being written) is left for the next call: new_offset stops
-    before it. Invalid lines (not JSON, not a valid row: see `check_metrics_row`, a step
-    beyond `max_step`, or one the trainer cannot have written: `StepChain`) are skipped;
-    `read_metrics_checked` (same arguments) also counts them so callers can warn."""
-    got = read_metrics_checked(run_dir, offset, chain=chain, final=final, max_step=max_step)
-    return got.rows, got.offset
-
-
-def read_events(run_dir: str | os.PathLike[str]) -> list[dict]:
-    """All valid complete lines of events.jsonl (see `check_event_row`; others are skipped)."""
-    return read_events_checked(run_dir).rows
-
-
-def read_events_from(run_dir: str | os.PathLike[str], offset: int = 0) -> tuple[list[dict], int]:
-    """Valid complete lines of events.jsonl from byte `offset`; returns (events, new_offset).
-
-    For a poll loop: reads only what was appended since the last call (`read_events` reads
-    the whole file every time). A partial last line is left for the next call."""
-    got = read_events_checked(run_dir, offset)
-    return got.rows, got.offset
-
-
-def read_heartbeats(run_dir: str | os.PathLike[str]) -> dict[str, dict]:
-    """{node: heartbeat document} for every written slot of heartbeats/group-*.slots and
-    every readable heartbeats/<node>.json (the newer one where a node has both).
-
-    Cost: one directory listing and one open per file, i.e. about nodes / HEARTBEAT_GROUP
-    opens when the trainers write slots."""
-    out: dict[str, dict] = {}
-    folder = Path(run_dir) / HEARTBEAT_DIR
-    try:
-        entries = sorted(e.name for e in os.scandir(folder) if not e.name.startswith("."))
-    except OSError:
-        return out
-
-    def keep(name: str, doc: dict) -> None:
-        old = out.get(name)
-        if old is None or float(doc.get("time", 0)) >= float(old.get("time", 0)):
-            out[name] = doc
-
-    for name in entries:
-        path = folder / name
-        if name.endswith(".slots"):
-            try:
-                with open(path, "rb") as f:
-                    data = f.read()
-                    for start in range(0, len(data) - SLOT_BYTES + 1, SLOT_BYTES):
-                        rec = data[start:start + SLOT_BYTES]
-                        if rec[:1] in (b"\0", b""):
-                            continue  # never written: the node has not beaten (yet)
-                        doc = _SLOT_CACHE.decode(str(folder), name, start, rec)
-                        for _ in range(3):  # torn by a concurrent rewrite: read the slot again
-                            if doc is not None:
-                                break
-                            time.sleep(0.001)
-                            f.seek(start)
-                            doc = decode_heartbeat_slot(f.read(SLOT_BYTES))
-                        if doc is not None and "node" in doc:
-                            keep(doc["node"], doc)
-            except OSError:
-                continue
-        elif name.endswith(".json"):
-            try:
-                doc = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            keep(doc.get("node", path.stem), doc)
-    return out
-
-
-def read_startup(run_dir: str | os.PathLike[str]) -> dict | None:
-    """startup.json, or None if not written (yet)."""
-    try:
-        return json.loads((Path(run_dir) / STARTUP_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def list_checkpoints(checkpoint_dir: str | os.PathLike[str]) -> list[dict]:
     """Every `step-NNNNNNNN/` folder, oldest first: {step, tokens, path, complete, time}."""
     out = []
@@ -991,3 +492,30 @@ def list_checkpoints(checkpoint_dir: str | os.PathLike[str]) -> list[dict]:
         out.append({"step": step, "tokens": meta.get("tokens"), "path": str(d),
                     "complete": (d / COMPLETE_MARKER).exists(), "time": meta.get("time")})
     return out
+
+
+def latest_complete_checkpoint(checkpoint_dir: str | os.PathLike[str] | None = None) -> Path | None:
+    """The newest complete `step-NNNNNNNN/` folder in `checkpoint_dir` (default: this attempt's,
+    CAMPAIGN_CHECKPOINT_DIR), or None."""
+    root = checkpoint_dir or os.environ.get("CAMPAIGN_CHECKPOINT_DIR")
+    done = [c for c in list_checkpoints(root) if c["complete"]] if root else []
+    return Path(done[-1]["path"]) if done else None
+
+
+# --- the driver's readers, moved to campaign.runfiles ------------------------------------
+_READERS = frozenset({
+    "BAD_ROW_EXAMPLES", "MetricsRead", "STEP_MAX", "StepChain", "TOKENS_MAX", "bad_rows_summary", "check_event_row",
+    "check_metrics_row", "read_events", "read_events_checked", "read_events_from", "read_heartbeats", "read_metrics",
+    "read_metrics_checked", "read_progress_lines", "read_startup",
+})
+"""Names this module held before the driver's readers moved to `campaign.runfiles`."""
+
+
+def __getattr__(name: str) -> Any:
+    """`report.read_metrics` and the other readers that moved to `campaign.runfiles`: these
+    forwarders keep older scripts (and `from campaign.report import read_metrics`) working.
+    New code imports them from `campaign.runfiles`, which never imports this module."""
+    if name in _READERS:
+        from campaign import runfiles
+        return getattr(runfiles, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

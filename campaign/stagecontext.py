@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from campaign import contract, evidence, exits, goodput, reference, report, rundir
+from campaign import contract, evidence, exits, goodput, reference, rundir, runfiles
 from campaign.attempt import AttemptReport, AttemptRequest, Interrupt, build_request, no_rank_started, trainer_config
 from campaign.errors import CampaignError, DiskFull, WorkdirError
 from campaign.ledger import reads, writes
@@ -83,7 +83,7 @@ class AttemptOutcome:
         return own if own.exists() else rundir.launcher_log(self.run_dir)
 
     def as_dict(self) -> dict[str, Any]:
-        files = {name: (self.run_dir / name).exists() for name in (report.METRICS_FILE, report.STARTUP_FILE)}
+        files = {name: (self.run_dir / name).exists() for name in (rundir.METRICS_FILE, rundir.STARTUP_FILE)}
         return {**self.report.to_dict(), "metrics": self.metrics, "startup": self.startup, "world_size": self.world_size,
                 "checkpoints": self.checkpoints, "run_dir": str(self.run_dir), "log": str(self.rank0_log),
                 "files": files}
@@ -97,7 +97,7 @@ class StageContext:
         self.spec = engine.spec
         self.stage_dir = engine.run_root / run.name
         self._bad_rows: dict[int, dict[str, Any]] = {}  # attempt id -> summary["bad_metric_rows"] so far
-        self._read_at: dict[int, tuple[int, report.StepChain]] = {}  # attempt id -> (next line, its rows) of metrics.jsonl
+        self._read_at: dict[int, tuple[int, runfiles.StepChain]] = {}  # attempt id -> (next line, its rows) of metrics.jsonl
         self._drills: dict[int, str] = {}  # attempt id -> the drill it ran (spec faults), for scoped exclusions
         self._ingested_to: dict[int, int] = {}  # attempt id -> byte offset of metrics.jsonl ingested so far
 
@@ -393,15 +393,15 @@ class StageContext:
         ledger does not answer, the offset stays: the rows are ingested at a later tick
         (metrics.jsonl is the buffer), and the attempt goes on. `last`: the attempt has
         ended, there is no later tick: retry through the outage (`Ledger.retrying`).
-        Rows are checked (`report.check_metrics_row`, and by their place among the attempt's
-        rows: `report.StepChain`, steps beyond `steps` included): a bad one is skipped and
+        Rows are checked (`runfiles.check_metrics_row`, and by their place among the attempt's
+        rows: `runfiles.StepChain`, steps beyond `steps` included): a bad one is skipped and
         counted, and the driver warns once per attempt. A row held by the chain (a jump ahead,
         waiting for the next row) is ingested once confirmed, or at the `last` read."""
-        line, kept = self._read_at.get(attempt_id) or (1, report.StepChain(max_step=steps))
+        line, kept = self._read_at.get(attempt_id) or (1, runfiles.StepChain(max_step=steps))
         chain = copy.deepcopy(kept)  # a read the ledger refuses is read again from the same state
-        got = report.read_metrics_checked(run_dir, offset, line=line, chain=chain, final=last)
+        got = runfiles.read_metrics_checked(run_dir, offset, line=line, chain=chain, final=last)
         earlier = self._bad_rows.get(attempt_id)
-        bad = report.bad_rows_summary(got, run_dir, earlier)
+        bad = runfiles.bad_rows_summary(got, run_dir, earlier)
         if not (got.rows or got.bad):
             self._read_at[attempt_id] = (got.line, chain)  # a row held by the chain is not read again
             return got.offset
@@ -455,15 +455,15 @@ class StageContext:
         return int(a.number)
 
     def _finish(self, attempt_id: int, number: int, run_dir: Path, rep: AttemptReport, ckpt: Path,
-                chain: report.StepChain) -> AttemptOutcome:
+                chain: runfiles.StepChain) -> AttemptOutcome:
         # the whole file with a fresh chain: the bad-row count is exact
-        checked = report.read_metrics_checked(run_dir, chain=chain, final=True)
+        checked = runfiles.read_metrics_checked(run_dir, chain=chain, final=True)
         metrics, summary = checked.rows, _summary(rep)
-        bad = report.bad_rows_summary(checked, run_dir)
+        bad = runfiles.bad_rows_summary(checked, run_dir)
         if bad is not None:
             summary["bad_metric_rows"] = bad
-        events = report.read_events_checked(run_dir)
-        bad_events = report.bad_rows_summary(events, run_dir, name=report.EVENTS_FILE)
+        events = runfiles.read_events_checked(run_dir)
+        bad_events = runfiles.bad_rows_summary(events, run_dir, name=rundir.EVENTS_FILE)
         checkpoints = contract.list_checkpoints(self.spec.trainer.checkpoints, ckpt) if ckpt.exists() else []
         for unit in self.engine.writes("recording the attempt's end"):
             with unit as s:
@@ -490,7 +490,7 @@ class StageContext:
                        attempt_id=attempt_id, data=st)
         nodes = list(rep.nodes)
         return AttemptOutcome(attempt_id, number, run_dir, nodes, len(nodes) * self.spec.site.ranks_per_node, rep,
-                              metrics, report.read_startup(run_dir), checkpoints)
+                              metrics, runfiles.read_startup(run_dir), checkpoints)
 
 
 def rescue_message(r: dict[str, Any]) -> str:
@@ -501,13 +501,13 @@ def rescue_message(r: dict[str, Any]) -> str:
     return f"no rescue checkpoint: {r.get('why', 'unknown')}"
 
 
-def _chain(request: AttemptRequest, steps: int) -> report.StepChain:
+def _chain(request: AttemptRequest, steps: int) -> runfiles.StepChain:
     """A fresh judge of the attempt's metrics rows: after the checkpoint it resumes from, up to `steps`."""
-    return report.StepChain(max_step=steps, start=request.resume_step or 0)
+    return runfiles.StepChain(max_step=steps, start=request.resume_step or 0)
 
 
 def _last_step(run_dir: Path) -> int | None:
-    metrics, _ = report.read_metrics(run_dir)
+    metrics, _ = runfiles.read_metrics(run_dir)
     return metrics[-1]["step"] if metrics else None
 
 

@@ -17,10 +17,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from campaign.errors import CampaignError
+from campaign.fields import METRIC_FIELDS  # the float columns of step_metric, in column order
 from campaign.ledger.models import Attempt, Campaign, Event, Exclusion, Lease, StageRun, StepMetric, utcnow
-
-
-METRIC_FIELDS = ("loss", "step_time_s", "tokens_per_s", "mfu", "comm_time_s", "mem_peak_gib", "lr", "grad_norm", "time")
 
 
 def get_campaign(s: Session, name: str) -> Campaign | None:

@@ -15,10 +15,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from campaign.fields import LOSS, METRIC_FIELDS, STEP, TOKENS
 from campaign.ledger.models import Attempt, Campaign, Checkpoint, Event, Exclusion, Lease, StageRun, db_utcnow, utcnow
 from campaign.ledger.db import COMMITTED_EVENTS
-from campaign.ledger.reads import (METRIC_FIELDS, current_stage_runs, event_record, get_lease, jsonable, list_exclusions,
-                                   stage_mfu)
+from campaign.ledger.reads import current_stage_runs, event_record, get_lease, jsonable, list_exclusions, stage_mfu
 
 
 def create_campaign(s: Session, *, name: str, digest: str, spec_json: dict[str, Any], source: str,
@@ -137,7 +137,7 @@ def ingest_steps(s: Session, a: Attempt, rows: Sequence[dict[str, Any]]) -> int:
     if not rows:
         return 0
     attempt_id = a.id  # read once: an ORM attribute costs more than the row itself
-    values = [_step_values(attempt_id, r) for r in rows if "step" in r and "tokens" in r]
+    values = [_step_values(attempt_id, r) for r in rows if STEP in r and TOKENS in r]
     if not values:
         return 0
     # At the driver, in the session's own transaction: SQLite gets one executemany (sqlite3
@@ -183,13 +183,13 @@ def _insert_ignore_sql(s: Session) -> str:
 
 def _step_values(attempt_id: int, r: dict[str, Any]) -> tuple[Any, ...]:
     get = r.get
-    out: list[Any] = [attempt_id, int(r["step"]), int(r["tokens"])]
+    out: list[Any] = [attempt_id, int(r[STEP]), int(r[TOKENS])]
     for k in METRIC_FIELDS:
         v = get(k)
         if v is not None and type(v) is not float:  # floats (the common case) take one test
             v = float(v) if isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**1023 else None
         out.append(v if v is None or v - v == 0.0 else None)  # v - v is NaN for NaN and +-inf
-    if out[3] is None and isinstance(get("loss"), float):
+    if out[3] is None and isinstance(get(LOSS), float):
         # A non-finite loss is evidence: keep it, as +inf, since SQLite stores NaN as NULL.
         out[3] = math.inf
     return tuple(out)

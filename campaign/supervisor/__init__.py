@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from campaign import exits, guard, report, rundir, watchdog
+from campaign import exits, guard, report, rundir, runfiles, watchdog
 from campaign.attempt import LAUNCH_FAILED, AttemptReport, AttemptRequest
 from campaign.exits import StopReason
 from campaign.rundir import PIDS_FILE, STOP_FILE
@@ -102,10 +102,10 @@ def _watched(request: AttemptRequest, nodes: Nodes, launch: _Launch, t0: float) 
     last = reader.last(time.time())  # what rank 0 printed just before it exited
     if last is not None and request.checkpoint_layout is not None:
         note_checkpoints(request, last.seen, t0)
-    metrics, _ = report.read_metrics(run_dir, chain=_chain(request), final=True)
+    metrics, _ = runfiles.read_metrics(run_dir, chain=_chain(request), final=True)
     failure, finding = verdict.crash(launch, run_dir, watched, active, first_step=bool(metrics))
     code = verdict.exit_code(watched, failure)
-    beats = report.read_heartbeats(run_dir)
+    beats = runfiles.read_heartbeats(run_dir)
     for node in active:  # what a killed launch left on node-local storage (this host's nodes only)
         report.remove_node_local(run_dir, node, str(request.attempt))
     suspects, stall = verdict.blame(request, active, watched, finding, reader.stdout)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from campaign import contract, report, rundir, watchdog
+from campaign import contract, report, rundir, runfiles, watchdog
 
 if TYPE_CHECKING:
     from campaign.attempt import AttemptRequest
@@ -31,7 +31,7 @@ class Observation(NamedTuple):
     """What one poll read."""
 
     rows: list[dict[str, Any]]
-    """The new metrics rows (as the attempt's `report.StepChain` accepts them)."""
+    """The new metrics rows (as the attempt's `runfiles.StepChain` accepts them)."""
     seen: Seen
     """The steps reported so far (the last `SEEN_KEPT`): they date the trainer's own checkpoints."""
 
@@ -60,7 +60,7 @@ class TrainerFiles:
 
     run_dir: Path
     watch: watchdog.Watch
-    chain: report.StepChain
+    chain: runfiles.StepChain
     offsets: dict[str, int] = field(default_factory=lambda: {"metrics": 0, "events": 0})
     seen: Seen = field(default_factory=list)  # the trainer's own metrics rows: (step, time, time)
     stdout = False
@@ -149,7 +149,7 @@ class ProgressAdapter:
                    tokens_per_step=request.progress_tokens_per_step)
 
     def poll(self, now: float) -> None:
-        rows, self.offset = report.read_progress_lines(self.log, self.pattern, self.offset)
+        rows, self.offset = runfiles.read_progress_lines(self.log, self.pattern, self.offset)
         earliest, self.previous_poll = self.previous_poll, now
         if not rows:
             return
@@ -171,7 +171,7 @@ class ProgressAdapter:
 
 
 def _read_rank_finished(launch: _Launch, target: int, watch: watchdog.Watch,
-                        chain: report.StepChain | None = None) -> bool:
+                        chain: runfiles.StepChain | None = None) -> bool:
     """With `progress: stdout`: has the rank whose output is read (rank 0; the launcher's with
     mpiexec/srun) exited 0 after reporting the attempt's last step `target`? (Its last row may
     still be held by the `chain`, waiting for a row that will not come: its output is complete.)"""
@@ -212,26 +212,26 @@ def _max_step(request: AttemptRequest) -> int:
     try:
         last = int(request.env.get("CAMPAIGN_MAX_STEPS", "")) + 1 - request.progress_first_step
     except ValueError:
-        return report.STEP_MAX
-    return min(last, report.STEP_MAX)
+        return runfiles.STEP_MAX
+    return min(last, runfiles.STEP_MAX)
 
 
-def _chain(request: AttemptRequest) -> report.StepChain:
+def _chain(request: AttemptRequest) -> runfiles.StepChain:
     """The attempt's metrics rows as its trainer can have written them: after the checkpoint it
     resumes from, up to its last step."""
-    return report.StepChain(max_step=_max_step(request), start=request.resume_step or 0)
+    return runfiles.StepChain(max_step=_max_step(request), start=request.resume_step or 0)
 
 
 def _observe(run_dir: Path, watch: watchdog.Watch, offsets: dict[str, int], now: float,
-             chain: report.StepChain) -> list[dict[str, Any]]:
+             chain: runfiles.StepChain) -> list[dict[str, Any]]:
     """Feed the watch what the run directory holds that is new (valid rows and events only: a
     bad line is skipped, the driver counts it; rows as the attempt's `chain` accepts them, so a
     forged row ahead never hides the real steps after it) and the heartbeats; the new metrics rows."""
-    rows, offsets["metrics"] = report.read_metrics(run_dir, offsets["metrics"], chain=chain)
+    rows, offsets["metrics"] = runfiles.read_metrics(run_dir, offsets["metrics"], chain=chain)
     watch.saw_steps(rows, now)
-    events, offsets["events"] = report.read_events_from(run_dir, offsets["events"])
+    events, offsets["events"] = runfiles.read_events_from(run_dir, offsets["events"])
     watch.saw_events(events, now)
-    beats = report.read_heartbeats(run_dir)
+    beats = runfiles.read_heartbeats(run_dir)
     phases = {r.get("phase") for b in beats.values() for r in b.get("ranks", {}).values()}
     watch.saw_phases({p for p in phases if p}, now)
     watch.saw_compute(beats)

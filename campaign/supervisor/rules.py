@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from campaign import contract, report, rundir, watchdog
+from campaign import contract, report, rundir, runfiles, watchdog
 from campaign.evidence import Suspect
 from campaign.exits import StopReason
 from campaign.rundir import STOP_FILE
@@ -151,7 +151,7 @@ def rescue_after_crash(w: Watching) -> None:
     # A rank died: the survivors linger (their collective failed) for the rescue request.
     if failure.rank == -1:
         failure = launcher_failure(rundir.launcher_log(w.run_dir), failure)
-    w.rescued = _rescue(w.launch, w.request, w.active, w.watch, report.read_heartbeats(w.run_dir),
+    w.rescued = _rescue(w.launch, w.request, w.active, w.watch, runfiles.read_heartbeats(w.run_dir),
                         avoid_nodes={failure.node}, avoid_ranks={failure.rank})
 
 
@@ -172,7 +172,7 @@ def judge(w: Watching) -> None:
     if w.decision.stalled or early is None or now - watch.last_progress <= early or w.failure is not None:
         return
     # Silent for longer than the confirmed budget: do the heartbeats show who hangs?
-    beats = report.read_heartbeats(w.run_dir)
+    beats = runfiles.read_heartbeats(w.run_dir)
     found = watchdog.culprits(beats, w.active, now, policy) if beats else []
     if watchdog.stall_pattern(found, watch, policy):
         w.decision = watchdog.decide(watch, policy, now, confirmed="compute")
@@ -203,7 +203,7 @@ def stalled_or_timeout(w: Watching) -> WatchOutcome | None:
     reason = (decision.reason if decision is not None and stalled else
               f"hard timeout of {timeout:g} s (the stage's timeout_s) at step {watch.last_step or 'none'}, "
               f"{now - watch.last_progress:.0f} s after the last progress")
-    beats = report.read_heartbeats(w.run_dir)
+    beats = runfiles.read_heartbeats(w.run_dir)
     # A trainer read through its output (progress: stdout) writes no heartbeats: their absence is no evidence.
     found = watchdog.culprits(beats, w.active, now, w.request.watchdog) if beats or not w.observer.stdout else []
     suspects = [Suspect(str(s["node"]), str(s["reason"]), dict(s["evidence"])) for s in found]

@@ -128,7 +128,8 @@ PACKAGE_DIRS = {"campaign": "campaign", "stages": "campaign.stages", "executors"
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("campaign.__init__", "campaign.errors", "campaign.names", "campaign.exits", "campaign.report",
-                    "campaign.rundir", "campaign.signatures", "campaign.yamlfile", "campaign.guard")),
+                    "campaign.rundir", "campaign.runfiles", "campaign.fields", "campaign.heartbeatslot",
+                    "campaign.signatures", "campaign.yamlfile", "campaign.guard")),
     ("trainer", ("campaign.train",)),
     ("ledger", ("campaign.ledger", "campaign.migrations")),
     ("model", ("campaign.stagebase", "campaign.watchdog", "campaign.evidence", "campaign.goodput", "campaign.summary",

@@ -1,0 +1,54 @@
+"""The keys of what a trainer writes, each named once (stdlib only, imports nothing):
+
+    metrics.jsonl   {"step", "tokens", "loss", "step_time_s"[, "tokens_per_s", "mfu", ...], "time"}
+    events.jsonl    {"event", "step", "time"[, "seconds", ...]}
+    heartbeats/     {"node", "time", "ranks": {"<rank>": {"step", "phase", "since", "time"[, "compute_s"]}}}
+
+The writer (`campaign.report`), the driver's readers (`campaign.runfiles`) and the ledger's
+step columns take them from here. They are the trainer contract's keys (docs/trainer-contract.md):
+the stored strings never change.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- in every file -------------------------------------------------------------------
+STEP: Final = "step"
+"""The optimizer step (metrics rows, events, a rank's heartbeat state)."""
+TIME: Final = "time"
+"""Wall-clock seconds since the epoch when the line or document was written."""
+
+# --- metrics.jsonl: one row per logged optimizer step ------------------------------------
+TOKENS: Final = "tokens"
+"""Cumulative tokens trained on (an integer)."""
+LOSS: Final = "loss"
+STEP_TIME_S: Final = "step_time_s"
+TOKENS_PER_S: Final = "tokens_per_s"
+MFU: Final = "mfu"
+COMM_TIME_S: Final = "comm_time_s"
+MEM_PEAK_GIB: Final = "mem_peak_gib"
+LR: Final = "lr"
+GRAD_NORM: Final = "grad_norm"
+
+METRIC_FIELDS: Final = (LOSS, STEP_TIME_S, TOKENS_PER_S, MFU, COMM_TIME_S, MEM_PEAK_GIB, LR, GRAD_NORM, TIME)
+"""A row's numbers the ledger keeps as floats (its step_metric columns, in column order), beside
+`step` and `tokens`."""
+
+# --- events.jsonl --------------------------------------------------------------------
+EVENT: Final = "event"
+"""The event's name (`campaign.report.EVENTS`)."""
+SECONDS: Final = "seconds"
+"""How long the event took (a checkpoint's save)."""
+
+# --- heartbeats: a node's document and each rank's state in it -------------------------
+NODE: Final = "node"
+"""The node's name as the hostfile spells it."""
+RANKS: Final = "ranks"
+"""{rank (a string): that rank's state} in a node's document."""
+PHASE: Final = "phase"
+"""What the rank does now (`campaign.report.PHASES`)."""
+SINCE: Final = "since"
+"""When the rank entered its phase at its step."""
+COMPUTE_S: Final = "compute_s"
+"""The rank's compute time per step before the gradient collective (EMA)."""
