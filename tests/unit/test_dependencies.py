@@ -24,6 +24,7 @@ SOURCES = ("campaign", "stages", "executors", "migrations")
 # import name -> (extra that declares it, the only files that may import it, lazily)
 OPTIONAL = {"globus_compute_sdk": ("globus", {"campaign/remote.py"}),
             "tokenizers": ("data", {"campaign/train/tokenfile.py"}),
+            "torchao": ("float8", {"campaign/train/float8.py"}),
             "tensorboard": ("tensorboard", {"campaign/observe/tensorboard.py"}),
             "wandb": ("wandb", {"campaign/observe/wandb.py"})}
 # import name -> the only file that may import it: what torch's GPU builds bring with them
