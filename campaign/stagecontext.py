@@ -1,6 +1,7 @@
 """What a stage module sees of attempts: `StageContext` (launch attempts, exclude nodes,
 record events, read references) and `AttemptOutcome` (one attempt's report plus what its
-trainer wrote).
+trainer wrote), the driver's side of `stagebase.Context` and `stagebase.Outcome`. The
+context uses of the engine only its `Driver` protocol.
 
     outcome = ctx.launch(targets, nodes=4, timeout_s=600)           # one attempt, ingested
     outcome, first = ctx.launch_confirmed(targets, timeout_s=600)   # with the confirming retry
@@ -17,10 +18,10 @@ import copy
 import dataclasses
 import datetime as dt
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from campaign import contract, evidence, exits, goodput, reference, report, rundir
 from campaign.attempt import AttemptReport, AttemptRequest, Interrupt, build_request, no_rank_started, trainer_config
@@ -32,14 +33,53 @@ from campaign.stagebase import NoRankStarted
 from campaign.watchdog import WatchdogPolicy
 
 if TYPE_CHECKING:
-    from campaign.engine import Engine
+    from campaign.block import Block
     from campaign.ledger import Ledger
+    from campaign.observe import Observer
+    from campaign.progress import Progress
     from campaign.reference import Reference
+    from campaign.spec import CampaignSpec
     from campaign.stagebase import StageSpec, Targets
     from campaign.train.config import Fault
 
 INGEST_PERIOD_S = 1.0
 """How often a running attempt's metrics are ingested (one transaction each time)."""
+
+
+class Driver(Protocol):
+    """What a stage context uses of the driver (`campaign.engine.Engine` is one): the campaign's
+    spec and folders, the ledger and its writes that outlive an outage, the block that runs the
+    attempts, where progress goes, and whether to stop. This protocol is the whole of that surface."""
+
+    @property
+    def spec(self) -> CampaignSpec: ...
+    @property
+    def spec_dir(self) -> Path: ...
+    @property
+    def run_root(self) -> Path: ...
+    @property
+    def site_name(self) -> str: ...
+    @property
+    def ledger(self) -> Ledger: ...
+    @property
+    def block(self) -> Block: ...
+    @property
+    def progress(self) -> Progress: ...
+    @property
+    def observer(self) -> Observer: ...
+    @property
+    def cancel_requested(self) -> bool: ...
+
+    current_run_dir: Path | None
+    """The run directory of the attempt running now (a cancel writes its STOP file); None between attempts."""
+
+    def writes(self, what: str) -> Iterator[Any]: ...
+
+    def ledger_unreachable(self, error: BaseException) -> None: ...
+
+    def check_cancel(self) -> None: ...
+
+    def check_lease(self) -> None: ...
 
 
 @dataclass
@@ -90,9 +130,10 @@ class AttemptOutcome:
 
 
 class StageContext:
-    """What a stage module may do: launch attempts, exclude nodes, report events, read references."""
+    """What a stage module may do (`stagebase.Context`): launch attempts, exclude nodes, report
+    events, read references."""
 
-    def __init__(self, engine: Engine, run: StageRun, stage: StageSpec) -> None:
+    def __init__(self, engine: Driver, run: StageRun, stage: StageSpec) -> None:
         self.engine, self.run, self.stage = engine, run, stage
         self.spec = engine.spec
         self.stage_dir = engine.run_root / run.name
