@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from campaign import names
 
@@ -43,9 +43,16 @@ class StrictModel(BaseModel):
 def validated_copy(model: M, **update: Any) -> M:
     """`model` with the fields in `update` replaced, validated as a new instance (pydantic's
     `model_copy(update=...)` validates nothing): a wrong type, an out-of-range value or an
-    unknown field raises pydantic's ValidationError naming the model and the field. The fields
-    that were set stay the set ones (plus `update`), as with `model_copy`."""
-    return type(model).model_validate({**model.model_dump(exclude_unset=True), **update})
+    unknown field raises ValueError in one line naming the model and the field, e.g.
+    "TrainConfig.checkpoint_every: Input should be greater than or equal to 0 (got -1)". The
+    fields that were set stay the set ones (plus `update`), as with `model_copy`."""
+    try:
+        return type(model).model_validate({**model.model_dump(exclude_unset=True), **update})
+    except ValidationError as e:
+        name = type(model).__name__
+        raise ValueError("; ".join(f"{'.'.join(str(p) for p in (name, *err['loc']))}: {err['msg']}"
+                                   + (f" (got {err['input']!r})" if err["loc"] else "")  # else: the whole model
+                                   for err in e.errors())) from None
 
 
 class StageSpec(StrictModel):

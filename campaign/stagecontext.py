@@ -29,7 +29,7 @@ from campaign.errors import CampaignError, DiskFull, WorkdirError
 from campaign.ledger import reads, writes
 from campaign.ledger.db import disk_full, transient
 from campaign.ledger.models import Attempt, StageRun, utcnow
-from campaign.stagebase import NoRankStarted
+from campaign.stagebase import NoRankStarted, validated_copy
 from campaign.watchdog import WatchdogPolicy
 
 if TYPE_CHECKING:
@@ -321,9 +321,9 @@ class StageContext:
                                 resume_from=resume_from, watchdog=watchdog,
                                 interrupt=Interrupt.model_validate(interrupt) if interrupt else None)
         if rotate:
-            request = request.model_copy(update={"rotate": rotate})
+            request = validated_copy(request, rotate=rotate)
         if measured:
-            request = request.model_copy(update={"measured_step_s": measured})
+            request = validated_copy(request, measured_step_s=measured)
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
             request.config_path.write_text(config.model_dump_json(indent=2))
