@@ -1,5 +1,5 @@
-"""The trainer contract's inputs: the command line, the environment and the checkpoint layout
-of one attempt, for the built-in trainer and for a trainer of your own (docs/trainer-contract.md).
+"""The trainer contract's inputs: the command line and the checkpoint layout of one attempt,
+for the built-in trainer and for a trainer of your own (docs/trainer-contract.md).
 
     argv = command_line(trainer, values, spec_dir)   # the template, expanded; nothing appended
     list_checkpoints(trainer.checkpoints, ckpt_dir)  # the trainer's own layout, or step-NNNNNNNN/
