@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from campaign import contract, rundir
-from campaign.stagebase import StrictModel
+from campaign.stagebase import StrictModel, validated_copy
 from campaign.train.config import CheckpointLayout, TrainConfig
 from campaign.watchdog import WatchdogPolicy
 
@@ -146,6 +146,60 @@ class Interrupt(StrictModel):
     save where it was asked): the stage says so instead of waiting for the timeout."""
 
 
+class RunTargets(StrictModel):
+    """What the attempt's trainer must do, typed (`of` reads them from its trainer config). The
+    ranks' CAMPAIGN_* target variables are made from these and nowhere else (`environment`);
+    the supervisor can read them here instead of parsing the environment back."""
+
+    max_step: int = Field(ge=1)
+    """The last step to train, in campaign's numbering (the step of the last metrics row)."""
+    first_step: Literal[0, 1] = 1
+    """`trainer.first_step`: the trainer's own number of the first step (CAMPAIGN_MAX_STEPS is
+    in its numbering: `trainers_max_step`)."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Stop once this many tokens were trained (cumulative, all ranks)."""
+    checkpoint_dir: str
+    """The stage's checkpoint folder for this attempt."""
+    checkpoint_every: int = Field(default=0, ge=0)
+    """Save every this many steps (0: only at `checkpoint_at` and the end)."""
+    checkpoint_at: list[int] = []
+    """Extra steps at which to save."""
+    resume: bool = False
+    """Continue from the newest complete checkpoint in `checkpoint_dir`."""
+    resume_from: str | None = None
+    """The checkpoint it resumes from, when campaign found one."""
+    spec_dir: str
+    """The campaign file's folder (relative paths of the trainer's command are relative to it)."""
+
+    @classmethod
+    def of(cls, config: TrainerConfig, spec_dir: Path, resume_from: dict[str, Any] | None) -> RunTargets:
+        run = config.run
+        return cls(max_step=run.max_steps, first_step=config.train.first_step, max_tokens=run.max_tokens,
+                   checkpoint_dir=run.checkpoint_dir, checkpoint_every=config.train.checkpoint_every,
+                   checkpoint_at=list(run.checkpoint_at), resume=run.resume, spec_dir=str(spec_dir),
+                   resume_from=str(resume_from["path"]) if resume_from is not None else None)
+
+    @property
+    def trainers_max_step(self) -> int:
+        """`max_step` in the trainer's numbering: a trainer that counts from 0 stops at max_step - 1."""
+        return self.max_step - (1 - self.first_step)
+
+    def environment(self) -> dict[str, str]:
+        """The targets as the ranks' environment variables (docs/trainer-contract.md)."""
+        env = {
+            "CAMPAIGN_MAX_STEPS": str(self.trainers_max_step), "CAMPAIGN_CHECKPOINT_DIR": self.checkpoint_dir,
+            "CAMPAIGN_CHECKPOINT_EVERY": str(self.checkpoint_every), "CAMPAIGN_RESUME": str(int(self.resume)),
+            "CAMPAIGN_SPEC_DIR": self.spec_dir,
+        }
+        if self.max_tokens is not None:
+            env["CAMPAIGN_MAX_TOKENS"] = str(self.max_tokens)
+        if self.checkpoint_at:
+            env["CAMPAIGN_CHECKPOINT_AT"] = ",".join(map(str, self.checkpoint_at))
+        if self.resume_from is not None:
+            env["CAMPAIGN_RESUME_FROM"] = self.resume_from
+        return env
+
+
 class AttemptRequest(StrictModel):
     """The supervisor's instructions for one attempt: plain data that survives Parsl's
     serialization. Built by `build_request` only."""
@@ -182,8 +236,11 @@ class AttemptRequest(StrictModel):
     progress_tokens_per_step: int | None = None
     """With `progress_pattern` and no `tokens` group in it: one step's tokens from the spec's
     batch (`contract.stdout_tokens_per_step`); the row of step N counts N x this. None: 0."""
+    targets: RunTargets | None = None
+    """What the trainer must do; None in a request made by hand (tests): the trainer is told no targets."""
     env: dict[str, str]
-    """Environment for every rank, on top of the launching process's own."""
+    """Environment for every rank, on top of the launching process's own (`rank_environment`:
+    where the attempt runs, its `targets`, the site's launch options)."""
     cpu_bind: str | None = None
     gpu_bind: str | None = None
     depth: int | None = None
@@ -226,10 +283,9 @@ class AttemptRequest(StrictModel):
 
     def for_drill(self, drill_dir: Path, master_port: int | None) -> AttemptRequest:
         """The same launch for a short collective drill in `drill_dir` (bisection)."""
-        env = {**self.env, "CAMPAIGN_RUN_DIR": str(drill_dir), "CAMPAIGN_HOSTFILE": str(drill_dir / rundir.HOSTFILE)}
+        env = {**self.env, **_located(drill_dir)}
         argv = ["{python}", "-m", "campaign.train.drill", "--config", str(self.config_path)]
-        return self.model_copy(update={"run_dir": str(drill_dir), "env": env, "argv": argv,
-                                       "master_port": master_port})
+        return validated_copy(self, run_dir=str(drill_dir), env=env, argv=argv, master_port=master_port)
 
 
 def build_request(site: Site, config: TrainerConfig, *, run_dir: Path, nodes: int, excluded: list[str],
@@ -238,29 +294,20 @@ def build_request(site: Site, config: TrainerConfig, *, run_dir: Path, nodes: in
                   watchdog: WatchdogPolicy | None = None) -> AttemptRequest:
     """The request of one attempt: a pure function of the site, the attempt's trainer config
     (`trainer_config`) and the checkpoint it resumes from (the trainer's argv: its command
-    template, expanded; the targets also as environment variables: `campaign.contract`)."""
+    template, expanded, `campaign.contract`; its targets typed, `RunTargets`, and as the ranks'
+    environment, `rank_environment`)."""
     config_path = run_dir / rundir.TRAINER_CONFIG
-    env = {
-        "CAMPAIGN_RUN_DIR": str(run_dir),
-        "CAMPAIGN_HOSTFILE": str(run_dir / rundir.HOSTFILE),
-        "CAMPAIGN_ATTEMPT": str(config.run.attempt),
-        "CAMPAIGN_TRAINER_CONFIG": str(config_path),
-        "CAMPAIGN_HEARTBEAT_INTERVAL": str(HEARTBEAT_INTERVAL_S),
-        # PALS in PMIx mode (Aurora) tells a rank no world size: it is hostfile nodes x this.
-        "CAMPAIGN_RANKS_PER_NODE": str(site.ranks_per_node),
-        "PYTHONUNBUFFERED": "1",
-        **contract.target_environment(config, spec_dir, resume_from),
-    }
-    if config.faults:
-        env["CAMPAIGN_ALLOW_FAULTS"] = "1"
+    targets = RunTargets.of(config, spec_dir, resume_from)
     options = site.launch_options()
-    env.update(options.env)
+    env = rank_environment(run_dir, config.run.attempt, site.ranks_per_node, targets, faults=bool(config.faults),
+                           launch_env=options.env)
     values = contract.placeholder_values(config, run_dir=run_dir, config=config_path, hostfile=run_dir / rundir.HOSTFILE,
                                          spec_dir=spec_dir)
     return AttemptRequest(
         run_dir=str(run_dir), attempt=config.run.attempt, allocation=site.node_names(), exclude=sorted(excluded),
         nodes=nodes, ranks_per_node=site.ranks_per_node, launcher=site.launcher,
-        argv=contract.command_line(config.train, values, spec_dir, resume_from, launcher=site.launcher), env=env,
+        argv=contract.command_line(config.train, values, spec_dir, resume_from, launcher=site.launcher),
+        targets=targets, env=env,
         cpu_bind=options.cpu_bind, gpu_bind=options.gpu_bind, depth=options.depth, wrapper=list(options.wrapper),
         master_port=master_port, timeout_s=timeout_s, block_walltime_s=site.block_walltime_s(),
         deadline_from=site.deadline_from, interrupt=interrupt, watchdog=watchdog or WatchdogPolicy(),
@@ -269,6 +316,31 @@ def build_request(site: Site, config: TrainerConfig, *, run_dir: Path, nodes: in
         progress_tokens_per_step=contract.stdout_tokens_per_step(config, nodes * site.ranks_per_node),
         resume_step=resume_from.get("step") if resume_from is not None else None,
     )
+
+
+def rank_environment(run_dir: Path, attempt: int, ranks_per_node: int, targets: RunTargets, *, faults: bool,
+                     launch_env: dict[str, str]) -> dict[str, str]:
+    """The environment of every rank of an attempt: the one place its CAMPAIGN_* variables are
+    made (where it runs, its number, its `targets`), then the site's launch options' `launch_env`."""
+    env = {
+        **_located(run_dir),
+        "CAMPAIGN_ATTEMPT": str(attempt),
+        "CAMPAIGN_TRAINER_CONFIG": str(run_dir / rundir.TRAINER_CONFIG),
+        "CAMPAIGN_HEARTBEAT_INTERVAL": str(HEARTBEAT_INTERVAL_S),
+        # PALS in PMIx mode (Aurora) tells a rank no world size: it is hostfile nodes x this.
+        "CAMPAIGN_RANKS_PER_NODE": str(ranks_per_node),
+        "PYTHONUNBUFFERED": "1",
+        **targets.environment(),
+    }
+    if faults:
+        env["CAMPAIGN_ALLOW_FAULTS"] = "1"
+    env.update(launch_env)
+    return env
+
+
+def _located(run_dir: Path) -> dict[str, str]:
+    """Where the ranks of a launch in `run_dir` write (an attempt, or a bisection drill)."""
+    return {"CAMPAIGN_RUN_DIR": str(run_dir), "CAMPAIGN_HOSTFILE": str(run_dir / rundir.HOSTFILE)}
 
 
 def version_root(campaign_dir: Path, version: int) -> Path:
@@ -295,12 +367,12 @@ def trainer_config(spec: CampaignSpec, targets: Targets, *, stage_dir: Path, att
     runs in the attempt's run directory, where it would name nothing)."""
     from campaign.train.config import RunConfig, TrainerConfig
 
-    train = spec.trainer.model_copy(update=targets.train)
+    train = validated_copy(spec.trainer, **targets.train)  # the stage's overrides: a wrong one names its field
     if train.deterministic == "auto":  # exact where the stage compares bit for bit
-        train = train.model_copy(update={"deterministic": targets.exact})
+        train = validated_copy(train, deterministic=targets.exact)
     data = spec.data
     if data.path and spec_dir is not None:
-        data = data.model_copy(update={"path": str(contract.spec_path(data.path, spec_dir))})
+        data = validated_copy(data, path=str(contract.spec_path(data.path, spec_dir)))
     return TrainerConfig(
         model=spec.model, data=data, train=train, faults=list(faults),
         run=RunConfig(max_steps=targets.steps, max_tokens=targets.max_tokens,

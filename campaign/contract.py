@@ -1,12 +1,13 @@
-"""The trainer contract's inputs: the command line, the environment and the checkpoint layout
-of one attempt, for the built-in trainer and for a trainer of your own (docs/trainer-contract.md).
+"""The trainer contract's inputs: the command line and the checkpoint layout of one attempt,
+for the built-in trainer and for a trainer of your own (docs/trainer-contract.md).
 
     argv = command_line(trainer, values, spec_dir)   # the template, expanded; nothing appended
-    env = target_environment(run, spec_dir, resume_from)
     list_checkpoints(trainer.checkpoints, ckpt_dir)  # the trainer's own layout, or step-NNNNNNNN/
 
-`attempt.build_request` is the only caller of the first two, so the supervisor, the
-bisection drill and `--dry-run` see the same command line. Stdlib and pydantic models only.
+`attempt.build_request` is the only caller of the first, so the supervisor, the bisection
+drill and `--dry-run` see the same command line; it makes the environment too (its targets
+typed, `attempt.RunTargets`, and as variables, `attempt.rank_environment`). Stdlib and
+pydantic models only.
 """
 
 from __future__ import annotations
@@ -140,23 +141,6 @@ def _resolve(arg: str, spec_dir: Path) -> str:
     if "{" in arg or arg.startswith("-") or Path(arg).is_absolute() or not _SCRIPT.search(arg):
         return arg
     return str(spec_dir / arg)
-
-
-def target_environment(cfg: TrainerConfig, spec_dir: Path, resume_from: dict[str, Any] | None) -> dict[str, str]:
-    """The attempt's targets as environment variables (CAMPAIGN_MAX_STEPS, ...)."""
-    run = cfg.run
-    env = {
-        "CAMPAIGN_MAX_STEPS": str(trainers_max_steps(cfg)), "CAMPAIGN_CHECKPOINT_DIR": run.checkpoint_dir,
-        "CAMPAIGN_CHECKPOINT_EVERY": str(cfg.train.checkpoint_every), "CAMPAIGN_RESUME": str(int(run.resume)),
-        "CAMPAIGN_SPEC_DIR": str(spec_dir),
-    }
-    if run.max_tokens is not None:
-        env["CAMPAIGN_MAX_TOKENS"] = str(run.max_tokens)
-    if run.checkpoint_at:
-        env["CAMPAIGN_CHECKPOINT_AT"] = ",".join(map(str, run.checkpoint_at))
-    if resume_from is not None:
-        env["CAMPAIGN_RESUME_FROM"] = str(resume_from["path"])
-    return env
 
 
 TIMESTAMP_MIN = 10**9

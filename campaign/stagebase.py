@@ -3,9 +3,11 @@
 A stage module in `stages/` defines one pydantic spec class (a subclass of `StageSpec`
 with a literal `kind`), `first_targets(stage, spec, nodes) -> Targets` (what its first
 attempt must do; the dry run calls it too), a pure `judge(...) -> Verdict`, and `run(ctx, stage) -> Verdict`,
-which asks the `StageContext` (campaign.stagecontext) for attempts and judges their results. Stage
-modules import only pydantic and the standard library at import time, so validating a
-spec never imports torch or parsl.
+which asks its `Context` for attempts (`Outcome`s) and judges their results. Stage modules
+import only pydantic and the standard library at import time, so validating a spec never
+imports torch or parsl. `Context` and `Outcome` are what a stage may use of the driver's
+`campaign.stagecontext.StageContext` and `AttemptOutcome`: a stage module never names the
+driver, not even for a type (tests/unit/test_type_imports.py).
 
 What the rest of the project asks of a stage (the spec's checks, the dry run, the walltime
 check, the custom-trainer warnings, the checkpoint interval) are `StageSpec` methods with a
@@ -15,18 +17,42 @@ default here, overridden by the kinds that differ: adding a kind touches its own
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from campaign import names
+
+if TYPE_CHECKING:
+    from campaign.ledger import Ledger
+    from campaign.ledger.models import StageRun
+    from campaign.train.config import Fault
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class StrictModel(BaseModel):
     """Base of every spec model: unknown keys are errors; docstrings document fields."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+
+
+def validated_copy(model: M, **update: Any) -> M:
+    """`model` with the fields in `update` replaced, validated as a new instance (pydantic's
+    `model_copy(update=...)` validates nothing): a wrong type, an out-of-range value or an
+    unknown field raises ValueError in one line naming the model and the field, e.g.
+    "TrainConfig.checkpoint_every: Input should be greater than or equal to 0 (got -1)". The
+    fields that were set stay the set ones (plus `update`), as with `model_copy`."""
+    try:
+        return type(model).model_validate({**model.model_dump(exclude_unset=True), **update})
+    except ValidationError as e:
+        name = type(model).__name__
+        raise ValueError("; ".join(f"{'.'.join(str(p) for p in (name, *err['loc']))}: {err['msg']}"
+                                   + (f" (got {err['input']!r})" if err["loc"] else "")  # else: the whole model
+                                   for err in e.errors())) from None
 
 
 class StageSpec(StrictModel):
@@ -115,6 +141,107 @@ class Targets:
     """The stage compares losses bit for bit: `deterministic: auto` means true."""
 
 
+class AttemptFacts(Protocol):
+    """What a stage reads of an attempt's report (`campaign.attempt.AttemptReport`)."""
+
+    @property
+    def stall(self) -> str | None: ...
+    @property
+    def stragglers(self) -> list[dict[str, Any]]: ...
+    @property
+    def rescue(self) -> dict[str, Any] | None: ...
+    @property
+    def finding(self) -> dict[str, Any] | None: ...
+
+
+class Outcome(Protocol):
+    """One finished attempt as a stage sees it (`campaign.stagecontext.AttemptOutcome`): the
+    supervisor's report plus what the trainer wrote."""
+
+    @property
+    def attempt_id(self) -> int: ...
+    @property
+    def number(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def report(self) -> AttemptFacts: ...
+    @property
+    def metrics(self) -> list[dict[str, Any]]: ...
+    @property
+    def exit_code(self) -> int: ...
+    @property
+    def exit_class(self) -> str: ...
+    @property
+    def suspects(self) -> list[dict[str, Any]]: ...
+    @property
+    def last_step(self) -> int | None: ...
+    @property
+    def losses(self) -> dict[int, float]: ...
+    @property
+    def rank0_log(self) -> Path: ...
+    def as_dict(self) -> dict[str, Any]:
+        """The outcome as plain data, for a stage's pure `judge`."""
+        ...
+
+
+class Context(Protocol):
+    """What a stage module may do, and all it may see of the driver (`campaign.stagecontext.
+    StageContext` does it): launch attempts, exclude nodes, record events, read references and
+    the ledger. The outcomes a stage hands back (to `confirm`, `exclude_suspects`, ...) are
+    those this context gave it."""
+
+    @property
+    def spec(self) -> Any:
+        """The campaign's spec (`campaign.spec.CampaignSpec`)."""
+        ...
+
+    @property
+    def run(self) -> StageRun:
+        """The stage run's ledger row, as it was when the stage started."""
+        ...
+
+    @property
+    def stage_dir(self) -> Path:
+        """The stage's folder: its attempts' run directories and checkpoint folders."""
+        ...
+
+    @property
+    def ledger(self) -> Ledger: ...
+
+    def launch(self, targets: Targets, *, nodes: int | None = None, timeout_s: float, faults: tuple[Fault, ...] = (),
+               label: str = "", interrupt: dict[str, Any] | None = None, watchdog: Any = None,
+               rotate: int = 0) -> Outcome:
+        """One attempt to `targets`, recorded and ingested (`watchdog`: a `campaign.watchdog.WatchdogPolicy`)."""
+        ...
+
+    def launch_confirmed(self, targets: Targets, *, retry_targets: Targets | None = None,
+                         before_retry: Callable[[Outcome], Targets | None] | None = None,
+                         **kw: Any) -> tuple[Outcome, Outcome | None]: ...
+
+    def confirm(self, first: Outcome, retry: Outcome) -> Outcome: ...
+
+    def attempts_made(self) -> int: ...
+
+    def stage_progress(self) -> dict[str, Any]: ...
+
+    def reference_losses(self, ref: Any) -> dict[int, float]:
+        """Losses by step of a `campaign.reference.Reference`."""
+        ...
+
+    def show_table(self, title: str, rows: list[dict[str, Any]], columns: list[str]) -> None: ...
+
+    def event(self, kind: str, message: str, *, attempt_id: int | None = None,
+              data: dict[str, Any] | None = None) -> None: ...
+
+    def exclude_suspects(self, outcome: Outcome, *, hours: float | None,
+                         only: list[str] | None = None) -> list[str]: ...
+
+    def exclude_stragglers(self, outcome: Outcome, *, hours: float | None) -> list[str]: ...
+
+    def drill_of(self, outcome: Outcome) -> str | None: ...
+
+
 def steps_for_tokens(spec: Any, tokens: int, nodes: int | None) -> int:
     """Steps that train at least `tokens` tokens at `nodes` nodes (the spec's model and batch)."""
     from campaign.train.shapes import shape_for
@@ -158,7 +285,7 @@ def last_output_line(result: dict[str, Any]) -> str:
     return f"; its last line: {kept[-1]!r}" if kept else ""
 
 
-def after_retry(verdict: Verdict, first: Any) -> Verdict:
+def after_retry(verdict: Verdict, first: Outcome | None) -> Verdict:
     """`verdict`, saying that it was reached on the confirming retry after `first` (an
     `AttemptOutcome` that ended in a class the evidence could not pin on a node), with that
     attempt's last error line and log; `verdict` unchanged when no retry was made."""

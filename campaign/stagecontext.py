@@ -1,6 +1,7 @@
 """What a stage module sees of attempts: `StageContext` (launch attempts, exclude nodes,
 record events, read references) and `AttemptOutcome` (one attempt's report plus what its
-trainer wrote).
+trainer wrote), the driver's side of `stagebase.Context` and `stagebase.Outcome`. The
+context uses of the engine only its `Driver` protocol.
 
     outcome = ctx.launch(targets, nodes=4, timeout_s=600)           # one attempt, ingested
     outcome, first = ctx.launch_confirmed(targets, timeout_s=600)   # with the confirming retry
@@ -17,10 +18,10 @@ import copy
 import dataclasses
 import datetime as dt
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from campaign import contract, evidence, exits, goodput, reference, rundir, runfiles
 from campaign.attempt import AttemptReport, AttemptRequest, Interrupt, build_request, no_rank_started, trainer_config
@@ -28,18 +29,57 @@ from campaign.errors import CampaignError, DiskFull, WorkdirError
 from campaign.ledger import reads, writes
 from campaign.ledger.db import disk_full, transient
 from campaign.ledger.models import Attempt, StageRun, utcnow
-from campaign.stagebase import NoRankStarted
+from campaign.stagebase import NoRankStarted, validated_copy
 from campaign.watchdog import WatchdogPolicy
 
 if TYPE_CHECKING:
-    from campaign.engine import Engine
+    from campaign.block import Block
     from campaign.ledger import Ledger
+    from campaign.observe import Observer
+    from campaign.progress import Progress
     from campaign.reference import Reference
+    from campaign.spec import CampaignSpec
     from campaign.stagebase import StageSpec, Targets
-    from campaign.train.config import Fault
+    from campaign.train.config import Fault, TrainerConfig
 
 INGEST_PERIOD_S = 1.0
 """How often a running attempt's metrics are ingested (one transaction each time)."""
+
+
+class Driver(Protocol):
+    """What a stage context uses of the driver (`campaign.engine.Engine` is one): the campaign's
+    spec and folders, the ledger and its writes that outlive an outage, the block that runs the
+    attempts, where progress goes, and whether to stop. This protocol is the whole of that surface."""
+
+    @property
+    def spec(self) -> CampaignSpec: ...
+    @property
+    def spec_dir(self) -> Path: ...
+    @property
+    def run_root(self) -> Path: ...
+    @property
+    def site_name(self) -> str: ...
+    @property
+    def ledger(self) -> Ledger: ...
+    @property
+    def block(self) -> Block: ...
+    @property
+    def progress(self) -> Progress: ...
+    @property
+    def observer(self) -> Observer: ...
+    @property
+    def cancel_requested(self) -> bool: ...
+
+    current_run_dir: Path | None
+    """The run directory of the attempt running now (a cancel writes its STOP file); None between attempts."""
+
+    def writes(self, what: str) -> Iterator[Any]: ...
+
+    def ledger_unreachable(self, error: BaseException) -> None: ...
+
+    def check_cancel(self) -> None: ...
+
+    def check_lease(self) -> None: ...
 
 
 @dataclass
@@ -90,9 +130,10 @@ class AttemptOutcome:
 
 
 class StageContext:
-    """What a stage module may do: launch attempts, exclude nodes, report events, read references."""
+    """What a stage module may do (`stagebase.Context`): launch attempts, exclude nodes, report
+    events, read references."""
 
-    def __init__(self, engine: Engine, run: StageRun, stage: StageSpec) -> None:
+    def __init__(self, engine: Driver, run: StageRun, stage: StageSpec) -> None:
         self.engine, self.run, self.stage = engine, run, stage
         self.spec = engine.spec
         self.stage_dir = engine.run_root / run.name
@@ -250,39 +291,19 @@ class StageContext:
         supervisor sends the signal to the whole launch once step S is reported (a deliberate
         interruption). `rotate`: move ranks to other nodes (see `AttemptRequest.rotate`).
         """
-        from campaign.supervisor import free_port
-
         self.engine.check_cancel()
         n = nodes or self.spec.site.nodes
         ckpt = self.stage_dir / targets.checkpoints
-        for unit in self.engine.writes("recording a new attempt"):
-            with unit as s:
-                run = s.get(StageRun, self.run.id)
-                assert run is not None
-                a = writes.create_attempt(s, run, nodes=[], ranks_per_node=self.spec.site.ranks_per_node, run_dir="",
-                                          label=label, tokens_base=_tokens_base(run, targets.resume),
-                                          target_steps=targets.steps)
-                a.run_dir = str(rundir.attempt_dir(self.stage_dir, a.number))
-                number, attempt_id = a.number, a.id
-                excluded = sorted({e.node for e in reads.list_exclusions(s, self.engine.site_name,
-                                                                         for_campaign=run.campaign_id)})
-                policy = watchdog or WatchdogPolicy()
-                measured = reads.measured_step_times(s, run.id, nodes=n, ranks_per_node=self.spec.site.ranks_per_node,
-                                                     skip=policy.warmup_steps)
+        policy = watchdog or WatchdogPolicy()
+        number, attempt_id, excluded, measured = self._new_attempt(targets, n, label, policy)
         run_dir = rundir.attempt_dir(self.stage_dir, number)
         if faults:
             self._drills[attempt_id] = "a fault the spec injects"
         config = trainer_config(self.spec, targets, stage_dir=self.stage_dir, attempt=number, faults=faults,
                                 spec_dir=self.engine.spec_dir)
         resume_from = contract.newest_complete(self.spec.trainer.checkpoints, ckpt) if targets.resume else None
-        request = build_request(self.spec.site, config, run_dir=run_dir, nodes=n, excluded=excluded,
-                                timeout_s=timeout_s, master_port=free_port(), spec_dir=self.engine.spec_dir,
-                                resume_from=resume_from, watchdog=watchdog,
-                                interrupt=Interrupt.model_validate(interrupt) if interrupt else None)
-        if rotate:
-            request = request.model_copy(update={"rotate": rotate})
-        if measured:
-            request = request.model_copy(update={"measured_step_s": measured})
+        request = self._request(config, run_dir, n, excluded, timeout_s, resume_from, watchdog,
+                                interrupt=interrupt, rotate=rotate, measured=measured)
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
             request.config_path.write_text(config.model_dump_json(indent=2))
@@ -293,13 +314,7 @@ class StageContext:
         self.engine.progress.attempt_started(self.run.name, number, n, steps, label)
         self.engine.current_run_dir = run_dir
         try:
-            rep, offset = self._supervise(request, attempt_id, steps)
-            if rep.short_of_nodes and self.engine.block.renew(excluded):
-                # The block has too few usable nodes left (spares spent): a new block, then again.
-                rep, offset = self._supervise(request, attempt_id, steps)
-            elif rep.block_failed and self.engine.block.restart(rep.error or ""):
-                # Parsl gives up on an executor whose block never started; a fresh load, then again.
-                rep, offset = self._supervise(request, attempt_id, steps)
+            rep, offset = self._run_on_block(request, attempt_id, steps, excluded)
             self.engine.current_run_dir = None
             self._ingest(attempt_id, run_dir, offset, steps, last=True)
             outcome = self._finish(attempt_id, number, run_dir, rep, ckpt, _chain(request, steps))
@@ -315,6 +330,56 @@ class StageContext:
         if why is not None:
             raise NoRankStarted(why, number)
         return outcome
+
+    def _new_attempt(self, targets: Targets, n: int, label: str,
+                     policy: WatchdogPolicy) -> tuple[int, int, list[str], list[float]]:
+        """The attempt's row (running); its number and id, the nodes the ledger excludes for
+        it, and the step times its stage already measured at `n` nodes."""
+        ranks_per_node = self.spec.site.ranks_per_node
+        for unit in self.engine.writes("recording a new attempt"):
+            with unit as s:
+                run = s.get(StageRun, self.run.id)
+                assert run is not None
+                a = writes.create_attempt(s, run, nodes=[], ranks_per_node=ranks_per_node, run_dir="",
+                                          label=label, tokens_base=_tokens_base(run, targets.resume),
+                                          target_steps=targets.steps)
+                a.run_dir = str(rundir.attempt_dir(self.stage_dir, a.number))
+                number, attempt_id = a.number, a.id
+                excluded = sorted({e.node for e in reads.list_exclusions(s, self.engine.site_name,
+                                                                         for_campaign=run.campaign_id)})
+                measured = reads.measured_step_times(s, run.id, nodes=n, ranks_per_node=ranks_per_node,
+                                                     skip=policy.warmup_steps)
+        return number, attempt_id, excluded, measured
+
+    def _request(self, config: TrainerConfig, run_dir: Path, n: int, excluded: list[str], timeout_s: float,
+                 resume_from: dict[str, Any] | None, watchdog: WatchdogPolicy | None, *,
+                 interrupt: dict[str, Any] | None, rotate: int, measured: list[float]) -> AttemptRequest:
+        """The supervisor's request for the attempt (`attempt.build_request`), with the ranks
+        moved by `rotate` and the step times measured so far."""
+        from campaign.supervisor import free_port
+
+        request = build_request(self.spec.site, config, run_dir=run_dir, nodes=n, excluded=excluded,
+                                timeout_s=timeout_s, master_port=free_port(), spec_dir=self.engine.spec_dir,
+                                resume_from=resume_from, watchdog=watchdog,
+                                interrupt=Interrupt.model_validate(interrupt) if interrupt else None)
+        if rotate:
+            request = validated_copy(request, rotate=rotate)
+        if measured:
+            request = validated_copy(request, measured_step_s=measured)
+        return request
+
+    def _run_on_block(self, request: AttemptRequest, attempt_id: int, steps: int,
+                      excluded: list[str]) -> tuple[AttemptReport, int]:
+        """`_supervise`, and once more when the block could not give the attempt its nodes
+        (a new block) or never started (a fresh load)."""
+        rep, offset = self._supervise(request, attempt_id, steps)
+        if rep.short_of_nodes and self.engine.block.renew(excluded):
+            # The block has too few usable nodes left (spares spent): a new block, then again.
+            rep, offset = self._supervise(request, attempt_id, steps)
+        elif rep.block_failed and self.engine.block.restart(rep.error or ""):
+            # Parsl gives up on an executor whose block never started; a fresh load, then again.
+            rep, offset = self._supervise(request, attempt_id, steps)
+        return rep, offset
 
     def _stopped_by_full_disk(self, attempt_id: int, run_dir: Path, steps: int, e: DiskFull) -> None:
         """The ledger's or the run directory's disk is full under the attempt: stop its launch

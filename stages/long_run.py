@@ -31,18 +31,16 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from campaign import contract, evidence, exits, goodput
 from campaign.ledger.models import Campaign
-from campaign.stagebase import StageSpec, Targets, Verdict, at_step, steps_for_tokens, where
+from campaign.stagebase import Context, Outcome, StageSpec, Targets, Verdict, at_step, steps_for_tokens, where
 from campaign.train.config import Fault
 from campaign.watchdog import WatchdogPolicy
 
-if TYPE_CHECKING:
-    from campaign.stagecontext import AttemptOutcome, StageContext
 
 RELAUNCH = exits.RESUMABLE | exits.CONFIRM_ONCE | {"crashed_systemic"}
 """Exit classes after which the long run launches again (while the budget lasts): the
@@ -121,12 +119,12 @@ def first_targets(stage: LongRunStage, spec: Any, nodes: int) -> Targets:
     return Targets(steps=steps, resume=True, max_tokens=stage.tokens, train={"checkpoint_every": every})
 
 
-def run(ctx: StageContext, stage: LongRunStage) -> Verdict:
+def run(ctx: Context, stage: LongRunStage) -> Verdict:
     targets = first_targets(stage, ctx.spec, stage.nodes or ctx.spec.site.nodes)
     steps = targets.steps
     announced: int | None = 0
     ckpt = ctx.stage_dir / targets.checkpoints
-    outcomes: list[AttemptOutcome] = []
+    outcomes: list[Outcome] = []
     excluded: list[str] = []
     while True:
         confirming = bool(outcomes) and outcomes[-1].exit_class in exits.CONFIRM_ONCE
@@ -184,7 +182,7 @@ PROVISIONAL_EVERY = 50
 """`checkpoint_every: auto` before the ledger knows a save's cost and the step time."""
 
 
-def checkpoint_every(ctx: StageContext, stage: LongRunStage) -> int:
+def checkpoint_every(ctx: Context, stage: LongRunStage) -> int:
     """The stage's interval in steps; for `auto`, Young/Daly from the ledger (an event says which)."""
     if stage.checkpoint_every != "auto":
         return stage.checkpoint_every
@@ -203,7 +201,7 @@ def checkpoint_every(ctx: StageContext, stage: LongRunStage) -> int:
     return sug.steps
 
 
-def next_action(outcomes: list[AttemptOutcome], stage: LongRunStage, *, target_step: int | None = None) -> str | None:
+def next_action(outcomes: list[Outcome], stage: LongRunStage, *, target_step: int | None = None) -> str | None:
     """None to relaunch, else why the stage stops now. An attempt that failed after its rank 0
     reported the target step (`target_step`: a rank crashed, or aborted at exit, once the
     training was done) is not relaunched: every step is trained, a relaunch could only redo
@@ -262,7 +260,7 @@ def relaunch_from(newest: dict[str, Any] | None, last_step: int | None, *, rescu
     return f"from {what} of step {newest['step']}; {max((last_step or 0) - newest['step'], 0)} step(s) lost"
 
 
-def _check_resumed(ctx: StageContext, before: AttemptOutcome, after: AttemptOutcome, announced: int | None) -> None:
+def _check_resumed(ctx: Context, before: Outcome, after: Outcome, announced: int | None) -> None:
     """The relaunch's first step says which checkpoint the trainer really resumed from (its own
     may not be the newest campaign saw, or its step was unknown): an event with the real loss."""
     if not after.metrics:

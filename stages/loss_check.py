@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from campaign.reference import Reference
-from campaign.stagebase import StageSpec, Targets, Verdict, after_retry, at_step, where
+from campaign.stagebase import Context, StageSpec, Targets, Verdict, after_retry, at_step, where
 
-if TYPE_CHECKING:
-    from campaign.stagecontext import StageContext
 
 EPS = 1e-9
 """Float slack on the tolerance, so a difference of exactly ±tolerance passes."""
@@ -56,7 +54,7 @@ def first_targets(stage: LossCheckStage, spec: Any, nodes: int) -> Targets:
     return Targets(steps=stage.steps, checkpoints="checkpoints-1", checkpoint_final=False)
 
 
-def run(ctx: StageContext, stage: LossCheckStage) -> Verdict:
+def run(ctx: Context, stage: LossCheckStage) -> Verdict:
     targets = replace(first_targets(stage, ctx.spec, stage.nodes or ctx.spec.site.nodes),
                       checkpoints=f"checkpoints-{ctx.run.attempts_count + 1}")  # a rerun starts afresh
     retry = replace(targets, checkpoints=f"checkpoints-{ctx.run.attempts_count + 2}")

@@ -17,16 +17,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from campaign import contract, report
-from campaign.stagebase import StageSpec, Targets, Verdict, after_retry, where
+from campaign.stagebase import Context, Outcome, StageSpec, Targets, Verdict, after_retry, where
 from campaign.train.config import Fault
-
-if TYPE_CHECKING:
-    from campaign.stagecontext import AttemptOutcome, StageContext
 
 
 class ResumeTestStage(StageSpec):
@@ -87,7 +84,7 @@ def first_targets(stage: ResumeTestStage, spec: Any, nodes: int) -> Targets:
                    exact=True)
 
 
-def run(ctx: StageContext, stage: ResumeTestStage) -> Verdict:
+def run(ctx: Context, stage: ResumeTestStage) -> Verdict:
     # Bit-for-bit comparisons need deterministic kernels (`exact`); neither the reference nor
     # the resumed run is resumed from, so neither saves a final checkpoint (first_targets).
     # The reference and the resumed runs get the confirming retry of a crash without evidence
@@ -104,9 +101,9 @@ def run(ctx: StageContext, stage: ResumeTestStage) -> Verdict:
         cut, problem = _interrupted(ctx, stage, sig, ckpt)
         if problem is not None:
             return after_retry(problem, retried)
-        redone: list[tuple[AttemptOutcome, Verdict | None]] = []
+        redone: list[tuple[Outcome, Verdict | None]] = []
 
-        def point_under_test(first: AttemptOutcome, sig: str = sig, ckpt: str = ckpt) -> Targets | None:
+        def point_under_test(first: Outcome, sig: str = sig, ckpt: str = ckpt) -> Targets | None:
             """Before the confirming retry of a failed resume: nothing written after the
             checkpoint under test may be loaded (the failed attempt may have saved at its end)."""
             folder = _set_aside_later(ctx, stage, ckpt, first)
@@ -139,7 +136,7 @@ interrupted run: the signal lands mid-training however fast its steps are (a sle
 run computes does not change)."""
 
 
-def _interrupted(ctx: StageContext, stage: ResumeTestStage, sig: str, ckpt: str) -> tuple[AttemptOutcome, Verdict | None]:
+def _interrupted(ctx: Context, stage: ResumeTestStage, sig: str, ckpt: str) -> tuple[Outcome, Verdict | None]:
     """The run to interrupt: the same targets as the reference (max_steps too: a trainer whose
     LR schedule follows max_steps, build-nanogpt's cosine, would otherwise train another run)
     plus a checkpoint at `checkpoint_step`; `sig` is sent once `interrupt_step` is reported
@@ -180,7 +177,7 @@ def _interrupted(ctx: StageContext, stage: ResumeTestStage, sig: str, ckpt: str)
     return cut, None
 
 
-def _checkpoint_of(ctx: StageContext, ckpt: str, step: int) -> dict[str, Any] | None:
+def _checkpoint_of(ctx: Context, ckpt: str, step: int) -> dict[str, Any] | None:
     """The complete checkpoint of `step` in the stage's folder `ckpt` (a trainer's own whose
     name gives no step: the newest complete one), or None."""
     done = [c for c in contract.list_checkpoints(ctx.spec.trainer.checkpoints, ctx.stage_dir / ckpt) if c["complete"]]
@@ -188,7 +185,7 @@ def _checkpoint_of(ctx: StageContext, ckpt: str, step: int) -> dict[str, Any] | 
                                                                    else None)
 
 
-def _set_aside_later(ctx: StageContext, stage: ResumeTestStage, ckpt: str, first: AttemptOutcome) -> Path | None:
+def _set_aside_later(ctx: Context, stage: ResumeTestStage, ckpt: str, first: Outcome) -> Path | None:
     """Move every checkpoint in `ckpt` later than the one under test (the failed resume's own)
     into `ckpt/.set-aside-attempt-N/`, so the confirming retry resumes from the checkpoint of
     `checkpoint_step`, as the failed attempt did; an event names them. Returns the checkpoint

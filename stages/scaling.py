@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from campaign.reference import Reference
-from campaign.stagebase import StageSpec, Targets, Verdict, after_retry, at_step
+from campaign.stagebase import Context, StageSpec, Targets, Verdict, after_retry, at_step
 
-if TYPE_CHECKING:
-    from campaign.stagecontext import StageContext
 
 EPS = 1e-9
 
@@ -137,7 +135,7 @@ def spec_tokens_per_step(spec: Any, nodes: int) -> int:
     return contract.batch_tokens(spec.model, spec.trainer, nodes * spec.site.ranks_per_node)
 
 
-def run(ctx: StageContext, stage: ScalingStage) -> Verdict:
+def run(ctx: Context, stage: ScalingStage) -> Verdict:
     rows, retried = [], None
     from_spec = tokens_source(ctx.spec.trainer) == "spec"
     for n in stage.node_counts:

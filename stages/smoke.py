@@ -8,14 +8,11 @@ A rank that never reported marks its node as a suspect.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
-from campaign.stagebase import StageSpec, Targets, Verdict, after_retry, at_step, last_output_line, where
-
-if TYPE_CHECKING:
-    from campaign.stagecontext import StageContext
+from campaign.stagebase import Context, StageSpec, Targets, Verdict, after_retry, at_step, last_output_line, where
 
 
 class SmokeStage(StageSpec):
@@ -34,9 +31,9 @@ def first_targets(stage: SmokeStage, spec: Any, nodes: int) -> Targets:
     return Targets(steps=stage.steps, checkpoint_final=False)  # nothing resumes from it
 
 
-def run(ctx: StageContext, stage: SmokeStage) -> Verdict:
+def run(ctx: Context, stage: SmokeStage) -> Verdict:
     """One attempt on the stage's nodes (and the one confirming retry a crash without evidence
-    gets, `StageContext.launch_confirmed`), then the verdict."""
+    gets, `Context.launch_confirmed`), then the verdict."""
     outcome, first = ctx.launch_confirmed(first_targets(stage, ctx.spec, stage.nodes or ctx.spec.site.nodes),
                                           nodes=stage.nodes, timeout_s=stage.timeout_s)
     return after_retry(judge({**outcome.as_dict(), "progress": ctx.spec.trainer.progress},
@@ -45,7 +42,7 @@ def run(ctx: StageContext, stage: SmokeStage) -> Verdict:
 
 
 def judge(result: dict[str, Any], *, expected_ranks: int, steps: int, startup_expected: bool = True) -> Verdict:
-    """Pure verdict on one attempt's result (`AttemptOutcome.as_dict()`). `startup_expected`:
+    """Pure verdict on one attempt's result (`Outcome.as_dict()`). `startup_expected`:
     the trainer writes startup.json (False for `progress: stdout`: every rank exiting 0 with
     finite losses is then the evidence, and the verdict says what was not checked)."""
     numbers: dict[str, Any] = {"expected_ranks": expected_ranks, "exit_code": result.get("exit_code")}
