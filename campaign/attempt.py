@@ -232,7 +232,7 @@ class AttemptRequest(StrictModel):
     """`trainer.first_step`: the printed step N is recorded as N + 1 - first_step."""
     resume_step: int | None = None
     """The step of the checkpoint the attempt resumes from (None: it starts afresh, or the
-    checkpoint's step is not known): its first metrics row follows it (`report.StepChain`)."""
+    checkpoint's step is not known): its first metrics row follows it (`runfiles.StepChain`)."""
     progress_tokens_per_step: int | None = None
     """With `progress_pattern` and no `tokens` group in it: one step's tokens from the spec's
     batch (`contract.stdout_tokens_per_step`); the row of step N counts N x this. None: 0."""

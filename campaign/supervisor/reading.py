@@ -185,10 +185,15 @@ def _read_rank_finished(launch: _Launch, target: int, watch: watchdog.Watch,
 def note_checkpoints(request: AttemptRequest, seen: Seen, start: float) -> None:
     """The step of each of the trainer's own checkpoints whose name gives none, from the steps
     reported around its save (`contract.note_checkpoint_steps`)."""
-    env = request.env
-    every = int(env.get("CAMPAIGN_CHECKPOINT_EVERY") or 0)
-    at = tuple(int(x) for x in (env.get("CAMPAIGN_CHECKPOINT_AT") or "").split(",") if x)
-    contract.note_checkpoint_steps(request.checkpoint_layout, env["CAMPAIGN_CHECKPOINT_DIR"], seen, since=start,
+    t = request.targets
+    if t is not None:
+        every, at, folder = t.checkpoint_every, tuple(t.checkpoint_at), t.checkpoint_dir
+    else:  # a request built by hand (tests, older callers): the same targets from its environment
+        env = request.env
+        every = int(env.get("CAMPAIGN_CHECKPOINT_EVERY") or 0)
+        at = tuple(int(x) for x in (env.get("CAMPAIGN_CHECKPOINT_AT") or "").split(",") if x)
+        folder = env["CAMPAIGN_CHECKPOINT_DIR"]
+    contract.note_checkpoint_steps(request.checkpoint_layout, folder, seen, since=start,
                                    expected=contract.expected_saves(every, at))
 
 
@@ -209,10 +214,13 @@ def _max_step(request: AttemptRequest) -> int:
     """The attempt's last step as metrics.jsonl numbers it: a row past it is not progress.
     CAMPAIGN_MAX_STEPS is in the trainer's own numbering (`trainer.first_step`: a trainer
     counting from 0 is told one less), the rows in the ledger's (from 1)."""
-    try:
-        last = int(request.env.get("CAMPAIGN_MAX_STEPS", "")) + 1 - request.progress_first_step
-    except ValueError:
-        return runfiles.STEP_MAX
+    if request.targets is not None:
+        last = request.targets.trainers_max_step + 1 - request.progress_first_step
+    else:
+        try:
+            last = int(request.env.get("CAMPAIGN_MAX_STEPS", "")) + 1 - request.progress_first_step
+        except ValueError:
+            return runfiles.STEP_MAX
     return min(last, runfiles.STEP_MAX)
 
 

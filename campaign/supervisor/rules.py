@@ -245,7 +245,8 @@ def _identity(folder: Path) -> tuple[int, int] | None:
 
 def _checkpoint_ready(interrupt: Interrupt, request: AttemptRequest, start: float) -> bool:
     if request.checkpoint_layout is not None and interrupt.checkpoint_step is not None:
-        return contract.checkpoint_since(request.checkpoint_layout, request.env["CAMPAIGN_CHECKPOINT_DIR"],
+        folder = request.targets.checkpoint_dir if request.targets is not None else request.env["CAMPAIGN_CHECKPOINT_DIR"]
+        return contract.checkpoint_since(request.checkpoint_layout, folder,
                                          interrupt.checkpoint_step, start) is not None
     path = interrupt.after_checkpoint
     return path is None or (Path(path) / report.COMPLETE_MARKER).exists()
