@@ -22,6 +22,7 @@ from typing import Any
 
 from campaign import contract, exits, runfiles
 from campaign.attempt import build_request, trainer_config
+from campaign.exits import NextAction
 from campaign.spec import CampaignSpec
 from campaign.stagebase import Targets
 from campaign.watchdog import WatchdogPolicy
@@ -75,7 +76,7 @@ def _attempt(spec: CampaignSpec, spec_dir: Path, root: Path, number: int, target
     ckpt = root / targets.checkpoints
     resume_from = contract.newest_complete(spec.trainer.checkpoints, ckpt) if targets.resume else None
     first = _launch(spec, spec_dir, root, f"attempt-{number:03d}", number, targets, resume_from, timeout_s)
-    if first["exit_class"] not in exits.CONFIRM_ONCE:
+    if exits.follows(first["exit_class"]) is not NextAction.CONFIRM:
         return first
     since = resume_from["step"] if resume_from else 0
     for c in contract.list_checkpoints(spec.trainer.checkpoints, ckpt):  # our own scratch folder

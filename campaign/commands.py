@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from campaign.errors import CampaignError
+from campaign.exits import ExitClass
 
 if TYPE_CHECKING:
     from campaign.ledger import Ledger
@@ -211,7 +212,7 @@ def cancel_without_driver(ledger: Ledger, name: str, *, notify: Callable[[str], 
             reaped = reap_dead_driver(Path(workdir))
             if reaped:
                 notify(f"stopped {reaped} Parsl process(es) the dead driver left running")
-        recover_orphans(ledger, campaign_id, spec.site, notify, state="cancelled",
+        recover_orphans(ledger, campaign_id, spec.site, notify, state=ExitClass.CANCELLED,
                         why="was stopped by `campaign cancel` (its driver had died)")
         for unit in ledger.retrying("recording the campaign cancelled", warn=notify):
             with unit as s:
@@ -279,7 +280,8 @@ def report_data(ledger: Ledger, name: str, *, max_points: int = 2000, events: in
         busiest = reads.busiest_stage(s, c)
         return {
             "detail": summary.describe_campaign(s, c, events=events),
-            "faults": [reads.describe_fault(run, a) for run, a in pairs if a.state not in ("succeeded", "running")],
+            "faults": [reads.describe_fault(run, a) for run, a in pairs
+                       if a.state not in (ExitClass.SUCCEEDED, "running")],
             "exclusions": [{"node": x.node, "reason": x.reason, "since": reads.iso_time(x.created),
                             "expires": reads.iso_time(x.expires), "attempt": numbers.get(x.attempt_id),
                             "evidence": reads.jsonable(x.evidence or {})}

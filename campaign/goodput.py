@@ -38,11 +38,13 @@ from typing import Any, Callable, Iterable, Sequence
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from campaign.exits import ExitClass
 from campaign.fields import EVENT, SECONDS, STEP
 from campaign.ledger.models import Attempt, Campaign, StageRun
 
 LOST = ("startup_s", "checkpoint_stall_s", "recomputed_s", "detection_s", "restart_s", "other_s")
-FAULTS = frozenset({"stalled", "timed_out", "crashed_node", "crashed_unknown", "crashed_systemic", "block_lost"})
+FAULTS = frozenset({ExitClass.STALLED, ExitClass.TIMED_OUT, ExitClass.CRASHED_NODE, ExitClass.CRASHED_UNKNOWN,
+                    ExitClass.CRASHED_SYSTEMIC, ExitClass.BLOCK_LOST})
 """Exit classes that are a fault: their tail is detection, the gap after them restart."""
 
 

@@ -30,6 +30,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter
 
+from campaign.exits import ExitClass
 from campaign.goodput import LOST
 from campaign.views import GOODPUT_LABELS, fmt_tokens
 
@@ -291,7 +292,8 @@ def steps_figure(campaigns: Sequence[Sequence[dict[str, Any]]], *, title: str | 
             ax_time.plot(xs, [1000 * t for t in ts], color=colour, linewidth=1.2, gid=f"{gid}/step_time", label=label)
             xl, ls = _finite(s["steps"], s["loss"])
             ax_loss.plot(xl, ls, color=colour, linewidth=1.2, gid=f"{gid}/loss", label=label)
-            relaunch = prev is not None and prev["stage"] == s["stage"] and prev["state"] not in ("succeeded", "running")
+            relaunch = (prev is not None and prev["stage"] == s["stage"]
+                        and prev["state"] not in (ExitClass.SUCCEEDED, "running"))
             if s["steps"] and (relaunch or s["number"] > 1):
                 first = s["steps"][0]
                 for ax in (ax_time, ax_loss):

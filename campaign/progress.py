@@ -25,6 +25,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
 
+from campaign.exits import ExitClass
+
 HEADERS = {"step_time_s": "step s", "tokens_per_s": "tok/s", "comm_time_s": "comm s", "comm_share": "comm %",
            "mem_peak_gib": "mem GiB", "loss": "loss", "efficiency": "eff"}
 """Short column names for the tables printed during a run."""
@@ -120,7 +122,7 @@ class Progress:
 
     def attempt_finished(self, stage: str, number: int, report: dict[str, Any], **_: Any) -> None:
         cls = report.get("exit_class")
-        colour = "green" if cls == "succeeded" else "red"
+        colour = "green" if cls == ExitClass.SUCCEEDED else "red"
         extra = ""
         if report.get("suspects"):
             extra = "; suspects: " + ", ".join(f"{s['node']} ({s['reason']})" for s in report["suspects"])

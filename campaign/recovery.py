@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from campaign import report, rundir, runfiles
 from campaign.errors import CampaignConflict
+from campaign.exits import ExitClass
 from campaign.guard import working_in
 from campaign.lease import process_alive
 from campaign.stagebase import Targets
@@ -94,7 +95,7 @@ def _group_members(pids: set[int], spare: set[int]) -> set[int]:
 
 
 def recover_orphans(ledger: Ledger, campaign_id: int, site: Site, say: Callable[[str], None], *,
-                    state: str = "orphaned", why: str = "was left running by a driver that died") -> int:
+                    state: str = ExitClass.ORPHANED, why: str = "was left running by a driver that died") -> int:
     """Attempts a dead or displaced driver left open: stop their launches (`stop_orphan`, which
     returns only once each is gone), take in what they wrote (`adopt_orphan`), record them
     `state` (`orphaned`, a resumable class: their stage goes back to pending; `campaign cancel`

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 from campaign import contract, evidence, exits, goodput, reference, rundir, runfiles
 from campaign.attempt import AttemptReport, AttemptRequest, Interrupt, build_request, no_rank_started, trainer_config
 from campaign.errors import CampaignError, DiskFull, WorkdirError
+from campaign.exits import ExitClass, NextAction
 from campaign.ledger import reads, writes
 from campaign.ledger.db import disk_full, transient
 from campaign.ledger.models import Attempt, StageRun, utcnow
@@ -235,7 +236,7 @@ class StageContext:
         Returns the outcome to judge (the retry's, with `confirm`'s reading of both failures)
         and the first outcome when a retry was made (None otherwise)."""
         first = self.launch(targets, **kw)
-        if first.exit_class not in exits.CONFIRM_ONCE:
+        if exits.follows(first.exit_class) is not NextAction.CONFIRM:
             return first, None
         label = ", ".join(x for x in (kw.get("label"), "confirming retry") if x)
         again = before_retry(first) if before_retry is not None else None
@@ -398,7 +399,7 @@ class StageContext:
                 a = s.get(Attempt, attempt_id)
                 assert a is not None
                 if a.state == "running":
-                    writes.finish_attempt(s, a, state="crashed_systemic", exit_code=None, suspects=[],
+                    writes.finish_attempt(s, a, state=ExitClass.CRASHED_SYSTEMIC, exit_code=None, suspects=[],
                                           summary={"error": f"{e}; {stopped}", "last_step": _last_step(run_dir)})
 
     def _unlaunched(self, attempt_id: int, run_dir: Path, e: OSError) -> NoReturn:
@@ -409,7 +410,7 @@ class StageContext:
             with unit as s:
                 a = s.get(Attempt, attempt_id)
                 assert a is not None
-                writes.finish_attempt(s, a, state="crashed_systemic", exit_code=None, suspects=[],
+                writes.finish_attempt(s, a, state=ExitClass.CRASHED_SYSTEMIC, exit_code=None, suspects=[],
                                       summary={"error": why})
         raise WorkdirError(f"{why}; free space there (or fix its permissions), then `campaign resume "
                            f"{self.spec.name}`") from None
@@ -582,7 +583,7 @@ def _last_step(run_dir: Path) -> int | None:
 def _block_gone(why: str, run_dir: Path, *, block_failed: bool) -> AttemptReport:
     """The report of an attempt whose block went away under it (its interchange exited, or
     its scheduler job ended), written by the driver."""
-    return AttemptReport(exit_code=143, exit_class="block_lost", block_failed=block_failed, duration_s=0.0,
+    return AttemptReport(exit_code=143, exit_class=ExitClass.BLOCK_LOST, block_failed=block_failed, duration_s=0.0,
                          nodes=rundir.launched_nodes(run_dir), last_step=_last_step(run_dir), error=why)
 
 
@@ -596,7 +597,7 @@ def _app_failure(e: Exception, run_dir: Path) -> AttemptReport:
     what = ("the block failed to start its worker" if unstarted else "the block ended under the attempt" if lost
             else "supervisor app failed")
     return AttemptReport(exit_code=143 if lost or unstarted else 1,
-                                exit_class="block_lost" if lost or unstarted else "crashed_systemic",
+                                exit_class=ExitClass.BLOCK_LOST if lost or unstarted else ExitClass.CRASHED_SYSTEMIC,
                                 block_failed=unstarted, duration_s=0.0, nodes=[],
                                 last_step=_last_step(run_dir), error=f"{what}: {str(e)[:2000]}")
 

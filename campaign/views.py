@@ -10,6 +10,8 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from campaign.exits import ExitClass
+
 STATE_STYLE = {"passed": "green", "succeeded": "green", "failed": "red", "running": "yellow", "skipped": "dim",
                "pending": "dim", "cancelled": "magenta"}
 
@@ -193,7 +195,8 @@ def attempts_table(attempts: list[dict[str, Any]]) -> Table:
     t.add_column("nodes", overflow="fold", ratio=1, min_width=12)
     prev: dict[str, Any] | None = None
     for a in attempts:
-        relaunch = prev is not None and prev["stage"] == a["stage"] and prev["state"] not in ("succeeded", "running")
+        relaunch = (prev is not None and prev["stage"] == a["stage"]
+                    and prev["state"] not in (ExitClass.SUCCEEDED, "running"))
         steps = "-" if a["last_step"] is None else f"{a['first_step']}-{a['last_step']}"
         t.add_row(escape(a["stage"]), str(a["number"]),
                   escape(a["label"] or (f"relaunch {a['number'] - 1}" if relaunch else "")),

@@ -36,15 +36,17 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from campaign import contract, evidence, exits, goodput
+from campaign.exits import ExitClass, NextAction
 from campaign.ledger.models import Campaign
 from campaign.stagebase import Context, Outcome, StageSpec, Targets, Verdict, at_step, steps_for_tokens, where
 from campaign.train.config import Fault
 from campaign.watchdog import WatchdogPolicy
 
 
-RELAUNCH = exits.RESUMABLE | exits.CONFIRM_ONCE | {"crashed_systemic"}
-"""Exit classes after which the long run launches again (while the budget lasts): the
-resumable ones, and systemic failures (retried with backoff, never blaming a node)."""
+RELAUNCH = frozenset(c for c, a in exits.POLICY.items() if a not in (NextAction.DONE, NextAction.STOP))
+"""Exit classes after which the long run launches again (while the budget lasts), by
+`exits.POLICY`: the resumable ones, the unconfirmed ones (one confirming relaunch), and
+systemic failures (retried with backoff, never blaming a node)."""
 
 
 class LongRunStage(StageSpec):
@@ -127,7 +129,7 @@ def run(ctx: Context, stage: LongRunStage) -> Verdict:
     outcomes: list[Outcome] = []
     excluded: list[str] = []
     while True:
-        confirming = bool(outcomes) and outcomes[-1].exit_class in exits.CONFIRM_ONCE
+        confirming = bool(outcomes) and exits.follows(outcomes[-1].exit_class) is NextAction.CONFIRM
         every = checkpoint_every(ctx, stage)
         before = ctx.attempts_made()  # this stage's attempts so far, earlier drivers' included
         outcome = ctx.launch(replace(targets, train={"checkpoint_every": every}), nodes=stage.nodes,
@@ -145,7 +147,8 @@ def run(ctx: Context, stage: LongRunStage) -> Verdict:
         if stop is not None:
             break
         excluded_now: list[str] = []
-        if outcome.suspects and stage.exclude_suspects and outcome.exit_class in ("stalled", "crashed_node"):
+        if (outcome.suspects and stage.exclude_suspects
+                and exits.follows(outcome.exit_class) is NextAction.EXCLUDE_AND_RESUME):
             budget = evidence.exclusion_budget(outcome.suspects, already_excluded=len(excluded),
                                                per_chain=stage.exclusion_budget)
             excluded_now = ctx.exclude_suspects(outcome, hours=stage.exclusion_hours,
@@ -170,8 +173,8 @@ def run(ctx: Context, stage: LongRunStage) -> Verdict:
                         if announced is not None else None, "exit_class": outcome.exit_class, "cause": cause,
                         "relaunch": outcome.number, "attempt": outcome.number + 1, "rescued": rescued,
                         "last_step": outcome.last_step, "drill": drill, "excluded": excluded_now})
-        if outcome.exit_class == "crashed_systemic" and stage.backoff_s:
-            systemic = sum(1 for o in outcomes if o.exit_class == "crashed_systemic")
+        if exits.follows(outcome.exit_class) is NextAction.RETRY_AFTER_BACKOFF and stage.backoff_s:
+            systemic = sum(1 for o in outcomes if o.exit_class == outcome.exit_class)
             time.sleep(stage.backoff_s * 2 ** (systemic - 1))
     return judge([o.as_dict() for o in outcomes], steps=steps, tokens=stage.tokens, stop=stop,
                  max_attempts=stage.max_attempts, crash_loop=stage.crash_loop, carried=ctx.stage_progress(),
@@ -209,15 +212,15 @@ def next_action(outcomes: list[Outcome], stage: LongRunStage, *, target_step: in
     last = outcomes[-1]
     if last.exit_code == 0:
         return "done"
-    if target_step is not None and (last.last_step or 0) >= target_step and last.exit_class != "diverged":
+    if target_step is not None and (last.last_step or 0) >= target_step and last.exit_class != ExitClass.DIVERGED:
         return "target reached"
     if last.exit_class not in RELAUNCH:
         return "not resumable"
-    finding = last.report.finding or {}
-    if last.exit_class == "crashed_systemic" and (finding.get("retry") == "stop" or
-                                                  sum(o.exit_class == "crashed_systemic" for o in outcomes) > 1):
+    finding, action = last.report.finding or {}, exits.follows(last.exit_class)
+    if action is NextAction.RETRY_AFTER_BACKOFF and (finding.get("retry") == "stop" or
+                                                     sum(o.exit_class == last.exit_class for o in outcomes) > 1):
         return "systemic"
-    if finding.get("retry") == "stop" and last.exit_class in exits.CONFIRM_ONCE:
+    if finding.get("retry") == "stop" and action is NextAction.CONFIRM:
         return "systemic"
     if len(outcomes) >= stage.max_attempts:
         return "budget"
@@ -234,8 +237,9 @@ def _no_progress(outcomes: list[Any], k: int) -> bool:
     return all((o.last_step or 0) <= before for o in outcomes[-k:])
 
 
-CAUSES = {"stalled": "hang", "timed_out": "timeout", "crashed_node": "crash", "crashed_unknown": "crash",
-          "crashed_systemic": "crash", "block_lost": "node lost", "walltime": "walltime", "orphaned": "driver lost"}
+CAUSES = {ExitClass.STALLED: "hang", ExitClass.TIMED_OUT: "timeout", ExitClass.CRASHED_NODE: "crash",
+          ExitClass.CRASHED_UNKNOWN: "crash", ExitClass.CRASHED_SYSTEMIC: "crash", ExitClass.BLOCK_LOST: "node lost",
+          ExitClass.WALLTIME: "walltime", ExitClass.ORPHANED: "driver lost"}
 """What a relaunch followed, in a word (status, events, the campaign's plot): by exit class."""
 
 
@@ -309,7 +313,7 @@ def judge(attempts: list[dict[str, Any]], *, steps: int, tokens: int | None, sto
             why += f"; attempt budget of {max_attempts} spent ({', '.join(str(c) for c in classes)})"
         elif stop == "crash loop":
             why += f"; crash loop: {crash_loop} attempts in a row made no progress"
-        if last.get("exit_class") == "crashed_systemic" and stop != "systemic":
+        if last.get("exit_class") == ExitClass.CRASHED_SYSTEMIC and stop != "systemic":
             why += "; systemic (no node blamed, none excluded)"
         return Verdict(False, why, numbers)
     reached = (final.get("tokens") or 0) >= tokens if tokens else (final.get("step") or 0) >= steps

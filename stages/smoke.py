@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from campaign.exits import ExitClass
 from campaign.stagebase import Context, StageSpec, Targets, Verdict, after_retry, at_step, last_output_line, where
 
 
@@ -55,7 +56,7 @@ def judge(result: dict[str, Any], *, expected_ranks: int, steps: int, startup_ex
     reported = sorted({int(r["rank"]) for r in startup.get("ranks", [])})
     numbers["ranks_reported"] = len(reported)
     missing = sorted(set(range(expected_ranks)) - set(reported))
-    if result.get("exit_class") in ("stalled", "timed_out"):
+    if result.get("exit_class") in (ExitClass.STALLED, ExitClass.TIMED_OUT):
         return _stopped(result, numbers)
     if missing:
         return Verdict(False, f"{len(missing)} of {expected_ranks} ranks never reported (ranks {missing[:8]}); "
@@ -94,7 +95,7 @@ def _steps_verdict(result: dict[str, Any], numbers: dict[str, Any], steps: int) 
 
 def _judge_exits(result: dict[str, Any], numbers: dict[str, Any], expected_ranks: int, steps: int) -> Verdict:
     """A trainer without startup.json: every rank must exit 0 with finite losses for every step."""
-    if result.get("exit_class") in ("stalled", "timed_out"):
+    if result.get("exit_class") in (ExitClass.STALLED, ExitClass.TIMED_OUT):
         return _stopped(result, numbers)
     numbers["not_checked"] = NOT_CHECKED
     if result.get("killed_by") == "exit_hung" and result.get("stall"):  # every rank must exit in a smoke test
@@ -113,7 +114,7 @@ def _judge_exits(result: dict[str, Any], numbers: dict[str, Any], expected_ranks
 
 def _stopped(result: dict[str, Any], numbers: dict[str, Any]) -> Verdict:
     """A launch the supervisor stopped: a stall (no progress), or the hard timeout (exit 124)."""
-    what = "stalled" if result.get("exit_class") == "stalled" else "hit the hard timeout"
+    what = "stalled" if result.get("exit_class") == ExitClass.STALLED else "hit the hard timeout"
     reason = f" [{result['stall']}]" if result.get("stall") else ""
     return Verdict(False, f"{what} after {result.get('duration_s', 0):.0f} s {at_step(result.get('last_step'))}; "
                    f"exit {result.get('exit_code')}{reason}; suspect nodes: {_names(result)}{_log(result)}", numbers)

@@ -113,7 +113,7 @@ class Attempt(Timestamped, Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     stage_run_id: Mapped[int] = mapped_column(ForeignKey("stage_run.id", ondelete="CASCADE"), index=True)
     number: Mapped[int]
-    # running, or an exit class (campaign.exits.CLASSES): succeeded, stalled, crashed_node, crashed_unknown, ...
+    # running, or an exit class (campaign.exits.ExitClass): succeeded, stalled, crashed_node, crashed_unknown, ...
     state: Mapped[str] = mapped_column(String(24), default="running")
     exit_code: Mapped[int | None]
     nodes: Mapped[list[Any]] = mapped_column(default=list)

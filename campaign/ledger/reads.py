@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from campaign.errors import CampaignError
+from campaign.exits import ExitClass
 from campaign.fields import METRIC_FIELDS  # the float columns of step_metric, in column order
 from campaign.ledger.models import Attempt, Campaign, Event, Exclusion, Lease, StageRun, StepMetric, utcnow
 
@@ -308,7 +309,7 @@ def list_campaign_nodes(s: Session, c: Campaign) -> list[dict[str, Any]]:
         for n in a.nodes or []:
             d = nodes.setdefault(n, {"node": n, "attempts": 0, "failed": 0, "suspect": 0})
             d["attempts"] += 1
-            d["failed"] += a.state not in ("succeeded", "running")
+            d["failed"] += a.state not in (ExitClass.SUCCEEDED, "running")
         for x in a.suspects or []:
             if isinstance(x, dict) and x.get("node"):
                 nodes.setdefault(x["node"], {"node": x["node"], "attempts": 0, "failed": 0, "suspect": 0})["suspect"] += 1

@@ -15,6 +15,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from campaign.exits import ExitClass
 from campaign.fields import LOSS, METRIC_FIELDS, STEP, TOKENS
 from campaign.ledger.models import Attempt, Campaign, Checkpoint, Event, Exclusion, Lease, StageRun, db_utcnow, utcnow
 from campaign.ledger.db import COMMITTED_EVENTS
@@ -294,7 +295,7 @@ def import_reference(s: Session, name: str, runs: Sequence[dict[str, Any]], *, s
         a = create_attempt(s, run, nodes=[], ranks_per_node=1, run_dir="", label=r.get("label", ""))
         a.summary = {"node_count": r.get("node_count"), "source": source}
         ingest_steps(s, a, r["rows"])
-        a.state, a.exit_code, a.finished = "succeeded", 0, a.started
+        a.state, a.exit_code, a.finished = ExitClass.SUCCEEDED, 0, a.started
     for run in by_name.values():
         set_stage_state(s, run, "passed", verdict=f"imported from {source}")
     set_campaign_state(s, c, "succeeded", f"imported from {source}")
