@@ -43,7 +43,7 @@ from typing import Any
 
 from campaign import exits, guard, report, rundir, runfiles, watchdog
 from campaign.attempt import LAUNCH_FAILED, AttemptReport, AttemptRequest
-from campaign.exits import StopReason
+from campaign.exits import ExitClass, StopReason
 from campaign.rundir import PIDS_FILE, STOP_FILE
 from campaign.supervisor import verdict
 from campaign.supervisor.allocation import Nodes, block_nodes, choose, prepare
@@ -76,7 +76,7 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
                                                    or os.environ.get("SLURM_JOB_ID"), "attempt": request.attempt})
     if (run_dir / STOP_FILE).exists():
         return _finish(run_dir, AttemptReport(
-            exit_code=exits.SIGTERM, exit_class="cancelled", duration_s=0.0, nodes=nodes.active,
+            exit_code=exits.SIGTERM, exit_class=ExitClass.CANCELLED, duration_s=0.0, nodes=nodes.active,
             allocation=nodes.allocation, spares=nodes.spares, killed_by=StopReason.STOP.value,
             error="stopped before the launch started (STOP)"))
     from campaign.executors import launchers
@@ -86,7 +86,7 @@ def supervise(request: AttemptRequest) -> dict[str, Any]:
         launch, command = start(request, plan)
     except OSError as e:  # the launcher or the trainer's program cannot be executed: no rank ever ran
         return _finish(run_dir, AttemptReport(
-            exit_code=exits.BROKEN_ENV, exit_class="crashed_systemic", duration_s=time.time() - t0,
+            exit_code=exits.BROKEN_ENV, exit_class=ExitClass.CRASHED_SYSTEMIC, duration_s=time.time() - t0,
             nodes=nodes.active, allocation=nodes.allocation, error=f"{LAUNCH_FAILED}: {e}"))
     guard.start(run_dir, [p.pid for _, _, p in launch.procs])  # STOP is honoured even once this supervisor is gone
     out = _watched(request, nodes, launch, t0)

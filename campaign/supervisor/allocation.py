@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from campaign import exits, names, report
 from campaign.attempt import AttemptReport
+from campaign.exits import ExitClass
 
 if TYPE_CHECKING:
     from campaign.attempt import AttemptRequest
@@ -33,7 +34,7 @@ def choose(request: AttemptRequest) -> Nodes | AttemptReport:
     try:
         allocation = list(request.allocation or block_nodes())
     except ValueError as e:  # the scheduler named a node no launcher can take
-        return AttemptReport(exit_code=exits.NO_RETRY, exit_class="config_error", duration_s=0.0, nodes=[], error=str(e))
+        return AttemptReport(exit_code=exits.NO_RETRY, exit_class=ExitClass.CONFIG_ERROR, duration_s=0.0, nodes=[], error=str(e))
     excluded = set(request.exclude)
     usable = [h for h in allocation if h not in excluded]
     n = request.nodes
@@ -41,7 +42,7 @@ def choose(request: AttemptRequest) -> Nodes | AttemptReport:
         msg = (f"the stage asks for {n} active node(s), but the block has {len(usable)} usable of {len(allocation)} "
                f"({len(allocation) - len(usable)} excluded); ask for fewer nodes, more spares, or lift exclusions "
                "with `campaign nodes include`")
-        return AttemptReport(exit_code=exits.NO_RETRY, exit_class="config_error", duration_s=0.0, nodes=[],
+        return AttemptReport(exit_code=exits.NO_RETRY, exit_class=ExitClass.CONFIG_ERROR, duration_s=0.0, nodes=[],
                              allocation=allocation, error=msg, short_of_nodes=True)
     active, spares = usable[:n], usable[n:]
     if request.rotate:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from campaign import evidence, exits, rundir
 from campaign.evidence import Finding, Suspect
-from campaign.exits import StopReason
+from campaign.exits import ExitClass, StopReason
 from campaign.supervisor.bisection import drill_suspects
 from campaign.supervisor.launch import Failure, _Launch, launcher_failure
 from campaign.supervisor.reading import STDOUT_EVIDENCE
@@ -23,8 +23,8 @@ HUNG_EXIT_CODES = {"done": exits.OK, "deadline": exits.SIGTERM, "nonfinite_loss"
 """The exit code of a launch stopped after its trainer finished (exit_hung), from the trainer's last event."""
 KILLED = (StopReason.STALLED, StopReason.TIMEOUT)
 """The supervisor's own kills of a launch that made no progress: exit 124."""
-STOPPED_CLASSES = {StopReason.STOP: "cancelled", StopReason.INTERRUPT: "cancelled",
-                   StopReason.RUNDIR_LOST: "orphaned", StopReason.TIMEOUT: "timed_out"}
+STOPPED_CLASSES = {StopReason.STOP: ExitClass.CANCELLED, StopReason.INTERRUPT: ExitClass.CANCELLED,
+                   StopReason.RUNDIR_LOST: ExitClass.ORPHANED, StopReason.TIMEOUT: ExitClass.TIMED_OUT}
 """The exit classes a stop decides by itself, whatever the exit code (`orphaned`: nothing the
 trainer or a node did, resumable); after the others the exit code and the evidence decide."""
 
