@@ -110,7 +110,8 @@ def test_trainer_never_imports_the_ledger() -> None:
 
 
 @pytest.mark.parametrize("module", ["campaign.report", "campaign.exits", "campaign.errors", "campaign.rundir",
-                                    "campaign.signatures", "campaign.guard"])
+                                    "campaign.signatures", "campaign.guard", "campaign.runfiles", "campaign.fields",
+                                    "campaign.heartbeatslot"])
 def test_contract_helpers_need_only_the_standard_library(module: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-c", f"import json, sys, {module}\n"
