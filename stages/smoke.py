@@ -60,7 +60,10 @@ def judge(result: dict[str, Any], *, expected_ranks: int, steps: int, startup_ex
         return _stopped(result, numbers)
     if missing:
         return Verdict(False, f"{len(missing)} of {expected_ranks} ranks never reported (ranks {missing[:8]}); "
-                       f"suspect nodes: {_names(result)}{where(result, 'startup.json')}", numbers)
+                       f"suspect nodes: {_names(result)}{where(result, 'startup.json')}"
+                       # why, where the trainer said it before its start-up check (exit 93: a refused config)
+                       + (last_output_line(result) if result.get("exit_class") != ExitClass.SUCCEEDED else ""),
+                       numbers)
     allreduce = startup.get("allreduce") or {}
     got, expected = allreduce.get("got"), allreduce.get("expected")
     numbers.update(allreduce_got=got, allreduce_expected=expected)

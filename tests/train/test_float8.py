@@ -60,3 +60,24 @@ def test_float8_converts_the_blocks_and_trains_on_hopper() -> None:
         loss = model(x, x)
     loss.backward()
     assert torch.isfinite(loss)
+
+
+def test_a_campaign_asking_float8_on_cpu_fails_its_smoke_test_quoting_the_refusal(tmp_path) -> None:
+    """What a user sees: the smoke verdict quotes the trainer's one line (not only "never reported")."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    spec = {"name": "f8", "site": {"kind": "local", "nodes": 1},
+            "trainer": {"precision": "float8"}, "stages": [{"name": "smoke", "kind": "smoke", "timeout_s": 120}]}
+    (tmp_path / "f8.yaml").write_text(yaml.safe_dump(spec))
+    run = subprocess.run([sys.executable, "-m", "campaign.cli", "submit", "f8.yaml", "--workdir", "wd"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stdout + run.stderr
+    status = subprocess.run([sys.executable, "-m", "campaign.cli", "status", "f8", "--json", "--workdir", "wd"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    import json
+
+    verdict = json.loads(status.stdout)["stages"][0]["verdict"]
+    assert "precision: float8 needs an NVIDIA GPU of compute capability 8.9 or newer" in verdict, verdict
