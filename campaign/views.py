@@ -50,20 +50,52 @@ def state_text(row: dict[str, Any]) -> str:
     return f"driver gone ({who}): run `campaign resume {row['name']}`"
 
 
-def campaign_table(summary: dict[str, Any]) -> Table:
-    """One campaign's stages (the `status --json` shape) as a table."""
-    t = Table(title=f"campaign {summary['name']} — {escape(state_text(summary))}", title_justify="left", expand=True)
-    for col, kw in (("#", {"justify": "right"}), ("stage", {}), ("kind", {}), ("state", {}),
-                    ("attempts", {"justify": "right"}), ("tokens", {"justify": "right"}),
-                    ("last loss", {"justify": "right"})):
-        t.add_column(col, no_wrap=True, **kw)
-    t.add_column("verdict", overflow="fold", ratio=1, min_width=24)
-    for i, st in enumerate(summary["stages"], 1):
-        t.add_row(str(i), escape(st["name"]), st["kind"], _state(st["state"]), str(st["attempts"]), fmt_tokens(st["tokens"]),
-                  fmt_loss(st["last_loss"]), escape(st["verdict"] or ""))
-    if summary.get("excluded_nodes"):
-        t.caption = "excluded nodes: " + ", ".join(summary["excluded_nodes"])
-    return t
+NARROW = 100
+"""Below this many columns the stage table leaves out `kind` and prints each verdict under the
+table: at 80 columns the verdict column was squeezed to two characters a line."""
+
+
+class StagesTable:
+    """One campaign's stages (the `status --json` shape): a table whose layout follows the
+    width it is drawn at (`NARROW`). `caption`: the line under it (the excluded nodes)."""
+
+    def __init__(self, summary: dict[str, Any]) -> None:
+        self.summary = summary
+        self.caption = ("excluded nodes: " + ", ".join(summary["excluded_nodes"])
+                        if summary.get("excluded_nodes") else None)
+
+    def table(self, narrow: bool) -> Table:
+        summary = self.summary
+        t = Table(title=f"campaign {summary['name']} — {escape(state_text(summary))}", title_justify="left",
+                  expand=True, caption=self.caption)
+        for col, kw in (("#", {"justify": "right"}), ("stage", {}), ("kind", {}), ("state", {}),
+                        ("attempts", {"justify": "right"}), ("tokens", {"justify": "right"}),
+                        ("last loss", {"justify": "right"})):
+            if not (narrow and col == "kind"):
+                t.add_column(col, no_wrap=True, **kw)
+        if not narrow:
+            t.add_column("verdict", overflow="fold", ratio=1, min_width=24)
+        for i, st in enumerate(summary["stages"], 1):
+            cells = [str(i), escape(st["name"]), *([] if narrow else [st["kind"]]), _state(st["state"]),
+                     str(st["attempts"]), fmt_tokens(st["tokens"]), fmt_loss(st["last_loss"])]
+            t.add_row(*cells, *([] if narrow else [escape(st["verdict"] or "")]))
+        return t
+
+    def __rich_console__(self, console: Any, options: Any) -> Any:
+        from rich.text import Text
+
+        narrow = options.max_width < NARROW
+        yield self.table(narrow)
+        if narrow:
+            for i, st in enumerate(self.summary["stages"], 1):
+                if st.get("verdict"):
+                    yield Text(f"{i} {st['name']}: {st['verdict']}")
+
+
+def campaign_table(summary: dict[str, Any]) -> StagesTable:
+    """One campaign's stages as a table (`StagesTable`: at under 100 columns the verdicts
+    follow the table, one per stage)."""
+    return StagesTable(summary)
 
 
 def exclusions_list(rows: list[dict[str, Any]]) -> Table:
