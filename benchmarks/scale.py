@@ -243,7 +243,7 @@ def poll_parts(run: Path, n: int, layout: str, repeat: int, now: float) -> dict[
         cul_ms.append(ms)
     out["heartbeats"], out["culprits"] = statistics.median(hb_ms), statistics.median(cul_ms)
     assert fresh == {"compute", "collective"}, fresh
-    assert [c["node"] for c in found] == [host(n // 3)], found[:3]
+    assert [c.node for c in found] == [host(n // 3)], found[:3]
     out["decide"], d = median_ms(lambda: watchdog.decide(w, policy, now), repeat)
     assert d.stalled
     beats = runfiles.read_heartbeats(run)

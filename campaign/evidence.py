@@ -41,12 +41,23 @@ from campaign import exits
 from campaign.signatures import HARDWARE, SOFTWARE, Signature, match
 
 __all__ = ["HARDWARE", "NODE_SIGNALS", "SOFTWARE", "SYSTEMIC_CODES", "Budget", "Finding", "RankExit", "Signature",
-           "Suspect", "TAIL_LINES", "assess", "confirm", "exclusion_budget", "last_error_line", "match", "normalise",
+           "Primary", "Retry", "Suspect", "TAIL_LINES", "assess", "confirm", "exclusion_budget", "last_error_line", "match", "normalise",
            "read_tail", "signal_name",
            "split_by_rank"]
 
 Kind = Literal["node", "systemic", "unknown"]
-Retry = Literal["relaunch_elsewhere", "confirm_once", "stop"]
+
+
+class Retry(exits.StrEnum):
+    """What a finding says of retrying (stored in the finding's JSON as these strings); the
+    long run maps it onto its `exits.NextAction` (stages/long_run.py)."""
+
+    RELAUNCH_ELSEWHERE = "relaunch_elsewhere"
+    """A node is blamed: relaunch without it."""
+    CONFIRM_ONCE = "confirm_once"
+    """The evidence cannot tell a node from the software: one confirming relaunch, ranks moved."""
+    STOP = "stop"
+    """Retrying cannot help (systemic), or a confirming retry could not tell: stop."""
 
 TAIL_LINES = 50
 """How many of the last lines of a failed rank's log are kept as evidence."""
@@ -224,6 +235,15 @@ class Suspect:
 
 
 @dataclass(frozen=True)
+class Primary:
+    """The failed rank a finding starts from (rank -1: the launcher named none)."""
+
+    rank: int
+    node: str
+    exit_code: int
+
+
+@dataclass(frozen=True)
 class Finding:
     """What the evidence says about one failed attempt."""
 
@@ -237,18 +257,22 @@ class Finding:
     software_signature, fabric_error, insufficient, no_failure; confirm_* after `confirm`)."""
     last_error_line: str | None = None
     log_path: str | None = None
-    primary: dict[str, Any] | None = None
-    """The failure the finding starts from: rank, node, exit_code, signature."""
+    primary: Primary | None = None
+    """The failure the finding starts from."""
     signature: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able (the report and the ledger): the same keys and strings as the fields."""
         out = asdict(self)
         out["suspects"] = [s.to_dict() for s in self.suspects]
+        out["retry"] = str(self.retry)
         return out
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> Finding:
-        return Finding(**{**d, "suspects": tuple(Suspect(**s) for s in d.get("suspects") or ())})
+        primary = d.get("primary")
+        return Finding(**{**d, "suspects": tuple(Suspect(**s) for s in d.get("suspects") or ()),
+                          "retry": Retry(d["retry"]), "primary": Primary(**primary) if primary else None})
 
 
 # --- the decision -----------------------------------------------------------------------
@@ -310,7 +334,7 @@ def _finding(kind: Kind, retry: Retry, rule: str, primary: _Facts, message: str,
              sig: str | None = None) -> Finding:
     return Finding(kind=kind, suspects=tuple(suspects), retry=retry, message=message, rule=rule,
                    last_error_line=primary.last, log_path=primary.exit.log_path, signature=sig,
-                   primary={"rank": primary.exit.rank, "node": primary.exit.node, "exit_code": primary.exit.code})
+                   primary=Primary(primary.exit.rank, primary.exit.node, primary.exit.code))
 
 
 def _failure_key(f: _Facts, nodes: Sequence[str]) -> tuple[int, str]:
@@ -409,14 +433,14 @@ def stall(case: _Case) -> Finding | None:
         return None
     sus = case.stall_suspects
     names = ", ".join(s.node for s in sus)
-    return Finding("node", sus, "relaunch_elsewhere", f"the launch stalled; the heartbeats single out "
+    return Finding("node", sus, Retry.RELAUNCH_ELSEWHERE, f"the launch stalled; the heartbeats single out "
                    f"{names}: {sus[0].reason}", "stall", primary=None)
 
 
 def no_failure(case: _Case) -> Finding | None:
     if case.failed:
         return None
-    return Finding("unknown", (), "confirm_once", "no rank failed by itself (every exit was 0 or caused by "
+    return Finding("unknown", (), Retry.CONFIRM_ONCE, "no rank failed by itself (every exit was 0 or caused by "
                    "stopping the launch); nothing to blame", "no_failure")
 
 
@@ -424,7 +448,7 @@ def contract_exit(case: _Case) -> Finding | None:
     """Exit codes of the trainer contract that are never a node's fault."""
     if case.code not in SYSTEMIC_CODES or case.primary.local is not None:
         return None
-    return _finding("systemic", "stop", "contract_exit", case.primary,
+    return _finding("systemic", Retry.STOP, "contract_exit", case.primary,
                     f"{case.head}. {SYSTEMIC_CODES[case.code]}; no node is blamed.")
 
 
@@ -438,7 +462,7 @@ def hardware_signature(case: _Case) -> Finding | None:
         return None
     if len(case.job_nodes) >= 2 and set(local) >= set(case.job_nodes):
         what = primary.local[0].name if primary.local else "a hardware error"
-        return _finding("unknown", "confirm_once", "hardware_everywhere", primary,
+        return _finding("unknown", Retry.CONFIRM_ONCE, "hardware_everywhere", primary,
                         f"{head}. Every node reports {what}, so no node stands out (a driver or firmware "
                         "problem?); no node is blamed, one confirming retry.")
     sus = []
@@ -449,7 +473,7 @@ def hardware_signature(case: _Case) -> Finding | None:
                            _evidence(f, f.local)))
     first = next(f for f in failed if f.exit.node == local[0] and f.local is not None)
     assert first.local is not None
-    return _finding("node", "relaunch_elsewhere", "hardware_signature", primary,
+    return _finding("node", Retry.RELAUNCH_ELSEWHERE, "hardware_signature", primary,
                     f"{head}. Hardware evidence against {', '.join(local)}: {first.local[0].name} "
                     f"\"{first.local[1]}\" (log: {first.exit.log_path}).", sus, first.local[0].name)
 
@@ -465,12 +489,12 @@ def signal(case: _Case) -> Finding | None:
         ranks = sorted(f.exit.rank for f in case.failed if f.exit.code == code)
         sus = Suspect(primary.exit.node, f"rank(s) {', '.join(map(str, ranks))} killed by {primary.signal} "
                       f"({code}) on this node alone", {**_evidence(primary), "signal": primary.signal, "ranks": ranks})
-        return _finding("node", "relaunch_elsewhere", "signal", primary,
+        return _finding("node", Retry.RELAUNCH_ELSEWHERE, "signal", primary,
                         f"{case.head}; no rank on another node died by {primary.signal}: {primary.exit.node} is "
                         f"suspect.", [sus], primary.signal)
     if len(same) > 1:
         kind: Kind = "systemic" if not first_step else "unknown"
-        return _finding(kind, "stop" if not first_step else "confirm_once", "signal_everywhere", primary,
+        return _finding(kind, Retry.STOP if not first_step else Retry.CONFIRM_ONCE, "signal_everywhere", primary,
                         f"{case.head}. Ranks on {len(same)} nodes ({', '.join(sorted(same))}) died by "
                         f"{primary.signal}{' before the first step' if not first_step else ''}: the cause is "
                         f"shared (e.g. the configuration does not fit the memory); no node is blamed.")
@@ -487,12 +511,12 @@ def same_failure(case: _Case) -> Finding | None:
     sig = primary.software[0].name if primary.software else None
     where = f"{case.head}. The same failure on {len(same_nodes)} nodes ({', '.join(same_nodes)})"
     if not first_step or primary.software is not None:  # it will fail the same way again
-        return _finding("systemic", "stop", "same_failure", primary,
+        return _finding("systemic", Retry.STOP, "same_failure", primary,
                         f"{where}{' before the first step' if not first_step else ''}: it is not a node's "
                         "fault; no node is blamed.", sig=sig)
     # After training started and matching no known error (e.g. every rank aborting in
     # torch's gloo teardown after the last step): one confirming retry tells a one-off apart.
-    return _finding("unknown", "confirm_once", "same_failure", primary,
+    return _finding("unknown", Retry.CONFIRM_ONCE, "same_failure", primary,
                     f"{where}, after training started and matching no known error: it is not a node's "
                     "fault; no node is blamed, one confirming retry.", sig=sig)
 
@@ -503,7 +527,7 @@ def software_signature(case: _Case) -> Finding | None:
     if primary.software is None or primary.fabric is not None:
         return None
     name, what = primary.software[0].name, primary.software[0].source
-    return _finding("systemic", "stop", "software_signature", primary,
+    return _finding("systemic", Retry.STOP, "software_signature", primary,
                     f"{case.head}. A software or configuration error ({name}: {what}): relaunching elsewhere would "
                     "fail the same way; no node is blamed.", sig=name)
 
@@ -513,7 +537,7 @@ def fabric_error(case: _Case) -> Finding | None:
     primary = case.primary
     if primary.fabric is None:
         return None
-    return _finding("unknown", "confirm_once", "fabric_error", primary,
+    return _finding("unknown", Retry.CONFIRM_ONCE, "fabric_error", primary,
                     f"{case.head}. A network error ({primary.fabric[0].name}) that the cause and its peers both "
                     "report: no node is singled out; none blamed, one confirming retry.", sig=primary.fabric[0].name)
 
@@ -522,7 +546,7 @@ def insufficient(case: _Case) -> Finding:
     """Not enough evidence."""
     why = ("a single node with no other node to compare" if len(case.job_nodes) < 2
            else "no hardware signature, no node signal, no known error")
-    return _finding("unknown", "confirm_once", "insufficient", case.primary,
+    return _finding("unknown", Retry.CONFIRM_ONCE, "insufficient", case.primary,
                     f"{case.head}. Not enough evidence to blame a node ({why}); none blamed, one confirming retry.")
 
 
@@ -559,25 +583,24 @@ def confirm(previous: Finding, current: Finding,
     same_line = normalise(previous.last_error_line) == normalise(current.last_error_line)
     where = f" (log: {current.log_path})" if current.log_path else ""
     quote = f" \"{current.last_error_line}\"{where}" if current.last_error_line else where
-    unnamed = p["rank"] < 0 and c["rank"] < 0
-    if p["node"] and p["node"] == c["node"] and (p["rank"] != c["rank"] or
-                                                 (unnamed and _ranks_moved(c["node"], placements))):
+    unnamed = p.rank < 0 and c.rank < 0
+    if p.node and p.node == c.node and (p.rank != c.rank or (unnamed and _ranks_moved(c.node, placements))):
         ranks = ("other ranks on it the second time (the launcher named no rank; the ranks rotated" if unnamed
-                 else f"different ranks (ranks {p['rank']} and {c['rank']}")
-        sus = Suspect(c["node"], f"failed twice on this node with {ranks}, exits {p['exit_code']} and "
-                      f"{c['exit_code']})",
-                      {"ranks": [p["rank"], c["rank"]], "exit_codes": [p["exit_code"], c["exit_code"]],
+                 else f"different ranks (ranks {p.rank} and {c.rank}")
+        sus = Suspect(c.node, f"failed twice on this node with {ranks}, exits {p.exit_code} and "
+                      f"{c.exit_code})",
+                      {"ranks": [p.rank, c.rank], "exit_codes": [p.exit_code, c.exit_code],
                        "last_error_line": current.last_error_line, "log_path": current.log_path})
-        return Finding("node", (sus,), "relaunch_elsewhere", f"the failure followed node {c['node']} across ranks:"
+        return Finding("node", (sus,), Retry.RELAUNCH_ELSEWHERE, f"the failure followed node {c.node} across ranks:"
                        f"{quote}", "confirm_node", current.last_error_line, current.log_path, current.primary,
                        current.signature)
-    if p["node"] == c["node"]:
-        return Finding("unknown", (), "stop", f"rank {c['rank']} on {c['node']} failed again{quote}; the rank and "
+    if p.node == c.node:
+        return Finding("unknown", (), Retry.STOP, f"rank {c.rank} on {c.node} failed again{quote}; the rank and "
                        "the node did not move, so it cannot tell them apart: probe the node (drill) before "
                        "blaming it", "confirm_same_place", current.last_error_line, current.log_path,
                        current.primary, current.signature)
-    moved = "the same rank failed on another node" if p["rank"] == c["rank"] else "it failed on another node"
-    return Finding("systemic", (), "stop", f"{moved} ({p['node']} then {c['node']}"
+    moved = "the same rank failed on another node" if p.rank == c.rank else "it failed on another node"
+    return Finding("systemic", (), Retry.STOP, f"{moved} ({p.node} then {c.node}"
                    f"{', same error' if same_line else ''}){quote}: not a node's fault; no node is blamed",
                    "confirm_moved", current.last_error_line, current.log_path, current.primary, current.signature)
 

@@ -41,6 +41,7 @@ from typing import Any
 
 from pydantic import Field
 
+from campaign.evidence import Suspect
 from campaign.stagebase import StrictModel
 
 
@@ -256,11 +257,11 @@ def pattern_s(w: Watch, policy: WatchdogPolicy) -> float:
     return policy.step_factor * (min(w.compute_s, p99) if w.compute_s else p99)
 
 
-def stall_pattern(suspects: list[dict[str, Any]], w: Watch, policy: WatchdogPolicy) -> bool:
+def stall_pattern(suspects: list[Suspect], w: Watch, policy: WatchdogPolicy) -> bool:
     """Whether `culprits()` found a rank computing the step its peers wait in, for at least
     `pattern_s`: a stall shown by the heartbeats, not just inferred from silence."""
     least = pattern_s(w, policy)
-    return any(s["evidence"].get("phase") == "compute" and s["evidence"].get("stuck_s", 0) >= least
+    return any(s.evidence.get("phase") == "compute" and s.evidence.get("stuck_s", 0) >= least
                for s in suspects)
 
 
@@ -287,33 +288,33 @@ def collective_hang(beats: dict[str, dict[str, Any]], active: list[str], w: Watc
 
 
 def culprits(beats: dict[str, dict[str, Any]], active: list[str], now: float,
-             policy: WatchdogPolicy) -> list[dict[str, Any]]:
-    """Nodes to blame for a stall, each {"node", "reason", "evidence"}; [] if none stands out."""
-    out: list[dict[str, Any]] = []
+             policy: WatchdogPolicy) -> list[Suspect]:
+    """Nodes to blame for a stall, each with why and its evidence; [] if none stands out."""
+    out: list[Suspect] = []
     ranks = {node: b.get("ranks", {}) for node, b in beats.items()}
     waiting = {(r.get("step")) for rs in ranks.values() for r in rs.values() if r.get("phase") == "collective"}
     for node in active:
         b = beats.get(node)
         if b is None:
-            out.append({"node": node, "reason": "no heartbeat from this node", "evidence": {}})
+            out.append(Suspect(node, "no heartbeat from this node"))
             continue
         if now - float(b.get("time", 0)) > policy.heartbeat_stale_s:
-            out.append({"node": node, "reason": f"node heartbeat stale for {now - float(b['time']):.0f} s",
-                        "evidence": {"heartbeat_age_s": round(now - float(b["time"]), 1)}})
+            out.append(Suspect(node, f"node heartbeat stale for {now - float(b['time']):.0f} s",
+                               {"heartbeat_age_s": round(now - float(b["time"]), 1)}))
             continue
         for rank, r in sorted(ranks[node].items(), key=lambda kv: int(kv[0])):
             age = now - float(r.get("time", 0))
             if age > policy.heartbeat_stale_s:
-                out.append({"node": node, "reason": f"rank {rank} heartbeat stopped {age:.0f} s ago at step "
-                            f"{r.get('step')}", "evidence": {"rank": int(rank), "step": r.get("step"),
-                                                             "phase": r.get("phase"), "age_s": round(age, 1)}})
+                out.append(Suspect(node, f"rank {rank} heartbeat stopped {age:.0f} s ago at step {r.get('step')}",
+                                   {"rank": int(rank), "step": r.get("step"), "phase": r.get("phase"),
+                                    "age_s": round(age, 1)}))
                 break
             if r.get("phase") == "compute" and r.get("step") in waiting:
                 stuck = now - float(r.get("since", now))
-                out.append({"node": node, "reason": f"rank {rank} still computing step {r.get('step')} for "
-                            f"{stuck:.0f} s while peers wait in its collective",
-                            "evidence": {"rank": int(rank), "step": r.get("step"), "phase": "compute",
-                                         "stuck_s": round(stuck, 1)}})
+                out.append(Suspect(node, f"rank {rank} still computing step {r.get('step')} for {stuck:.0f} s "
+                                   "while peers wait in its collective",
+                                   {"rank": int(rank), "step": r.get("step"), "phase": "compute",
+                                    "stuck_s": round(stuck, 1)}))
                 break
     if len(out) == len(active) and len(active) > 1:
         return []  # everyone looks the same: no node stands out

@@ -217,10 +217,10 @@ def next_action(outcomes: list[Outcome], stage: LongRunStage, *, target_step: in
     if last.exit_class not in RELAUNCH:
         return "not resumable"
     finding, action = last.report.finding or {}, exits.follows(last.exit_class)
-    if action is NextAction.RETRY_AFTER_BACKOFF and (finding.get("retry") == "stop" or
+    if action is NextAction.RETRY_AFTER_BACKOFF and (finding.get("retry") == evidence.Retry.STOP or
                                                      sum(o.exit_class == last.exit_class for o in outcomes) > 1):
         return "systemic"
-    if finding.get("retry") == "stop" and action is NextAction.CONFIRM:
+    if finding.get("retry") == evidence.Retry.STOP and action is NextAction.CONFIRM:
         return "systemic"
     if len(outcomes) >= stage.max_attempts:
         return "budget"

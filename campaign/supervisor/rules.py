@@ -205,8 +205,7 @@ def stalled_or_timeout(w: Watching) -> WatchOutcome | None:
               f"{now - watch.last_progress:.0f} s after the last progress")
     beats = runfiles.read_heartbeats(w.run_dir)
     # A trainer read through its output (progress: stdout) writes no heartbeats: their absence is no evidence.
-    found = watchdog.culprits(beats, w.active, now, w.request.watchdog) if beats or not w.observer.stdout else []
-    suspects = [Suspect(str(s["node"]), str(s["reason"]), dict(s["evidence"])) for s in found]
+    suspects = watchdog.culprits(beats, w.active, now, w.request.watchdog) if beats or not w.observer.stdout else []
     if watch.rescue:
         w.rescued = _rescue(w.launch, w.request, w.active, watch, beats, avoid_nodes={s.node for s in suspects},
                             avoid_ranks={s.evidence.get("rank") for s in suspects})

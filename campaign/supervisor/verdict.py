@@ -48,7 +48,7 @@ def crash(launch: _Launch, run_dir: Path, watched: WatchOutcome, active: list[st
                               nodes=active, same_poll_s=1.0)
     if finding.primary:
         p = finding.primary
-        failure = Failure(p["rank"], p["exit_code"], p["node"], failure.seen)
+        failure = Failure(p.rank, p.exit_code, p.node, failure.seen)
     return Crash(failure, finding)
 
 

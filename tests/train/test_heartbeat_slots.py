@@ -85,7 +85,7 @@ def test_culprits_from_group_files_name_the_stale_and_the_silent_node(tmp_path):
     beats = report.read_heartbeats(tmp_path)
     assert len(beats) == 599 and beats["x00005"]["time"] == now  # the newer document wins
     found = watchdog.culprits(beats, hosts, now, POLICY)
-    assert [(c["node"], c["reason"]) for c in found] == [
+    assert [(c.node, c.reason) for c in found] == [
         ("x00003", "node heartbeat stale for 40 s"), ("x00417", "no heartbeat from this node")]
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from campaign import evidence as ev
 from campaign import exits
-from campaign.evidence import RankExit, Suspect, assess, confirm, exclusion_budget
+from campaign.evidence import Primary, RankExit, Suspect, assess, confirm, exclusion_budget
 
 # --- the signature tables, line by line ---------------------------------------------------
 HARDWARE_LINES = [
@@ -267,7 +267,7 @@ def test_assess(case: str, exits_seen: list[RankExit], first_step: bool, kind: s
 
 def test_the_signal_killed_rank_wins_the_tie_not_the_lower_index() -> None:
     f = assess([x(0, "n1", 1, 10, NCCL), x(5, "n2", 137, 10)], first_step=True, nodes=NODES)
-    assert f.primary == {"rank": 5, "node": "n2", "exit_code": 137}
+    assert f.primary == Primary(5, "n2", 137)
     s = f.suspects[0]
     assert s.evidence["rank"] == 5 and s.evidence["exit_code"] == 137 and s.evidence["signal"] == "SIGKILL"
     assert s.evidence["log_path"] == "/run/logs/rank-5.log"
@@ -275,14 +275,14 @@ def test_the_signal_killed_rank_wins_the_tie_not_the_lower_index() -> None:
 
 def test_ties_without_evidence_go_to_the_earliest_then_the_lowest_rank() -> None:
     f = assess([x(3, "n2", 1, 10, "error A"), x(1, "n1", 1, 10, "error B")], first_step=True, nodes=NODES)
-    assert f.primary["rank"] == 1
+    assert f.primary.rank == 1
     f = assess([x(3, "n2", 1, 9, "error A"), x(1, "n1", 1, 10, "error B")], first_step=True, nodes=NODES)
-    assert f.primary["rank"] == 3 and f.last_error_line == "error A" and f.log_path == "/run/logs/rank-3.log"
+    assert f.primary.rank == 3 and f.last_error_line == "error A" and f.log_path == "/run/logs/rank-3.log"
 
 
 def test_same_poll_window() -> None:
     seen = [x(0, "n1", 1, 10.0, "RuntimeError: boom"), x(5, "n2", 137, 10.2)]
-    assert assess(seen, first_step=True, nodes=NODES).primary["rank"] == 0  # 137 came a poll later
+    assert assess(seen, first_step=True, nodes=NODES).primary.rank == 0  # 137 came a poll later
     f = assess(seen, first_step=True, nodes=NODES, same_poll_s=0.5)
     assert f.kind == "node" and f.suspects[0].node == "n2"
 
@@ -303,11 +303,11 @@ def test_a_victim_that_dies_first_does_not_lead(victim_line: str) -> None:
     seen = [x(0, "n1", 134, 10.0, victim_line, "terminate called without an active exception"),
             x(1, "n2", 1, 11.5, "campaign.train: fault crash at step 25")]
     f = assess(seen, first_step=True, nodes=NODES, same_poll_s=1.0)
-    assert f.primary == {"rank": 1, "node": "n2", "exit_code": 1}
+    assert f.primary == Primary(1, "n2", 1)
     assert f.last_error_line == "campaign.train: fault crash at step 25" and f.log_path == "/run/logs/rank-1.log"
     assert f.kind == "unknown" and f.suspects == ()  # one failure alone: one confirming retry, nobody blamed
     only_victims = assess(seen[:1], first_step=True, nodes=NODES, same_poll_s=1.0)
-    assert only_victims.rule == "fabric_error" and only_victims.primary["rank"] == 0
+    assert only_victims.rule == "fabric_error" and only_victims.primary.rank == 0
 
 
 def test_every_rank_aborting_the_same_way_after_training_gets_a_confirming_retry() -> None:
@@ -331,7 +331,7 @@ def test_a_victim_exiting_1_in_the_same_poll_as_the_crashed_rank_does_not_make_i
     as a software error: crashed_systemic, the long run stopped)."""
     seen = [x(0, "n1", 1, 10.0, GLOO_CLOSED), x(1, "n2", 1, 10.0, "campaign.train: fault crash at step 15")]
     f = assess(seen, first_step=True, nodes=NODES)
-    assert f.primary == {"rank": 1, "node": "n2", "exit_code": 1}
+    assert f.primary == Primary(1, "n2", 1)
     assert (f.kind, f.retry, f.suspects) == ("unknown", "confirm_once", ())
 
 
@@ -342,7 +342,7 @@ def test_a_victim_seen_in_the_same_poll_does_not_lead_by_its_abort_signal(victim
     seen = [x(0, "n1", 134, 10.0, victim_line, "terminate called after throwing an instance of 'gloo::IoException'"),
             x(1, "n2", 1, 10.0, "campaign.train: fault crash at step 25")]
     f = assess(seen, first_step=True, nodes=NODES)
-    assert f.primary == {"rank": 1, "node": "n2", "exit_code": 1} and f.log_path == "/run/logs/rank-1.log"
+    assert f.primary == Primary(1, "n2", 1) and f.log_path == "/run/logs/rank-1.log"
     assert f.kind == "unknown" and f.suspects == () and f.retry == "confirm_once"
 
 
@@ -386,7 +386,10 @@ def test_from_popen_normalises_signals() -> None:
 
 def test_finding_round_trips_through_json() -> None:
     f = assess([x(0, "n1", 1, 10, NCCL), x(5, "n2", 137, 10)], first_step=True, nodes=NODES)
-    assert ev.Finding.from_dict(json.loads(json.dumps(f.to_dict()))) == f
+    stored = json.loads(json.dumps(f.to_dict()))  # what the report and the ledger hold: plain strings and dicts
+    assert stored["retry"] == "relaunch_elsewhere" and stored["primary"] == {"rank": 5, "node": "n2", "exit_code": 137}
+    back = ev.Finding.from_dict(stored)
+    assert back == f and isinstance(back.primary, Primary) and back.retry is ev.Retry.RELAUNCH_ELSEWHERE
 
 
 # --- confirm: the retry of an unknown finding ---------------------------------------------

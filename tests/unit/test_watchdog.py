@@ -67,20 +67,20 @@ def test_culprit_is_the_rank_computing_while_peers_wait() -> None:
     beats = {"n0": beat("n0", now, {0: (25, "collective", 80.0)}), "n1": beat("n1", now, {1: (25, "compute", 79.0)}),
              "n2": beat("n2", now, {2: (25, "collective", 80.0)})}
     found = culprits(beats, ["n0", "n1", "n2"], now, POLICY)
-    assert [c["node"] for c in found] == ["n1"]
-    assert "rank 1 still computing step 25 for 21 s" in found[0]["reason"]
+    assert [c.node for c in found] == ["n1"]
+    assert "rank 1 still computing step 25 for 21 s" in found[0].reason
 
 
 def test_culprit_is_a_node_whose_heartbeat_stopped() -> None:
     now = 100.0
     beats = {"n0": beat("n0", now, {0: (7, "collective", 90.0)}), "n1": beat("n1", 60.0, {1: (7, "compute", 50.0)})}
     found = culprits(beats, ["n0", "n1"], now, POLICY)
-    assert [c["node"] for c in found] == ["n1"] and "stale for 40 s" in found[0]["reason"]
+    assert [c.node for c in found] == ["n1"] and "stale for 40 s" in found[0].reason
 
 
 def test_missing_heartbeat_names_the_node() -> None:
     found = culprits({"n0": beat("n0", 10.0, {0: (0, "init", 0.0)})}, ["n0", "n1"], 10.0, POLICY)
-    assert [c["node"] for c in found] == ["n1"]
+    assert [c.node for c in found] == ["n1"]
 
 
 def test_no_culprit_when_everyone_looks_alike() -> None:
@@ -118,7 +118,7 @@ def test_the_stall_pattern_shortens_the_steady_floor_and_only_then() -> None:
     # The evidence: rank 1 of n1 computes step 21 while n0's rank waits in step 21's collective.
     beats = {"n0": beat("n0", 5.5, {0: (21, "collective", 0.4)}), "n1": beat("n1", 5.5, {1: (21, "compute", 0.0)})}
     found = culprits(beats, ["n0", "n1"], 5.5, policy)
-    assert [s["node"] for s in found] == ["n1"] and stall_pattern(found, w, policy)
+    assert [s.node for s in found] == ["n1"] and stall_pattern(found, w, policy)
     # Not yet 3 step times in that step (a slow step, not a hang): no pattern.
     young = {"n0": beat("n0", 5.5, {0: (21, "collective", 4.0)}), "n1": beat("n1", 5.5, {1: (21, "compute", 4.0)})}
     assert not stall_pattern(culprits(young, ["n0", "n1"], 5.5, policy), w, policy)
@@ -241,7 +241,7 @@ def test_a_relaunch_starts_from_the_step_times_earlier_attempts_measured() -> No
     assert early_budget(w, policy) == 3 * 1.0 + 1.5, "the heartbeats are read as in the steady phase"
     stuck = {"n0": beat("n0", 4.6, {0: (26, "collective", 0.2)}), "n2": beat("n2", 4.6, {1: (26, "compute", 0.0)})}
     found = culprits(stuck, ["n0", "n2"], 4.6, policy)
-    assert [s["node"] for s in found] == ["n2"] and stall_pattern(found, w, policy)
+    assert [s.node for s in found] == ["n2"] and stall_pattern(found, w, policy)
     d = decide(w, policy, 4.6, confirmed="compute")
     assert d.stalled and d.phase == "warmup" and d.budget_s == 4.5, d.reason
     assert d.budget_s <= 3 * 1.0 + 2.0
