@@ -515,6 +515,8 @@ def validate(file: Path, run_preflight: bool, db_url: str | None, workdir: Path)
         return
     for line in custom_trainer_warnings(spec):
         click.echo(f"warning: {line}", err=True)
+    for line in spec.site.settings_warnings():  # what the file alone tells (no host checked: --preflight)
+        click.echo(f"warning: {line}", err=True)
     click.echo(f"# {file}: valid; spec digest {spec.digest()[:12]}")
     click.echo(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False), nl=False)
 

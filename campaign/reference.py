@@ -67,16 +67,6 @@ def not_text(e: UnicodeDecodeError) -> str:
     return f"not a text file: byte 0x{e.object[e.start]:02x} at offset {e.start} is not UTF-8; expected a CSV file"
 
 
-def check_files(stages: Any, spec_dir: Path) -> None:
-    """Read every reference CSV the stages name (relative to the campaign file's folder),
-    so that a missing, binary or malformed one is refused before anything is submitted."""
-    for stage in stages:
-        ref = getattr(stage, "reference", None)
-        if isinstance(ref, Reference) and ref.file:
-            path = Path(ref.file)
-            read_csv(path if path.is_absolute() else spec_dir / path)
-
-
 def from_ledger(ledger: Any, ref: str) -> dict[int, float]:
     """Losses by step of the newest stage run CAMPAIGN/STAGE: its latest attempt covering each step."""
     from campaign.ledger import reads

@@ -152,9 +152,8 @@ class StageContext:
 
     def reference_losses(self, ref: Reference) -> dict[int, float]:
         """Losses by step of a reference: a ledger stage run or a CSV next to the campaign file."""
-        if ref.file:
-            path = Path(ref.file)
-            return reference.read_csv(path if path.is_absolute() else self.engine.spec_dir / path)
+        if ref.file:  # relative to the campaign file's folder, `~` expanded, as the preflight checked it
+            return reference.read_csv(contract.spec_path(ref.file, self.engine.spec_dir))
         assert ref.stage_run is not None
         return reference.from_ledger(self.ledger, ref.stage_run)
 

@@ -232,17 +232,21 @@ class AuroraSite(pbs.PBSSite):
         return super().job_environment() + (copper_job_lines(self.cpu_bind) if self.copper_on and self.launcher == "pals"
                                             else [])
 
-    def preflight_warnings(self) -> list[str]:
-        """What only the machine can tell: Copper off on 1000 nodes or more while the Python
-        environment is on Lustre (ALCF "highly" recommends Copper there), and a driver's host
-        without hsn0, the interface ALCF's Parsl page has the workers connect to."""
-        warnings = []
+    def settings_warnings(self) -> list[str]:
+        """Copper off on 1000 nodes or more while the Python environment is on Lustre (ALCF
+        "highly" recommends Copper there): the file alone tells it, so `validate` prints it."""
         where = python_on_lustre(self.worker_init)
-        if not self.copper_on and self.nodes >= COPPER_FROM_NODES and where is not None:
-            warnings.append(f"site.copper: off for {self.nodes} nodes while Python imports from {where} (Lustre); "
-                            f"ALCF: beyond {COPPER_FROM_NODES} nodes such imports \"might be significantly slower, or it "
-                            "may even crash the Lustre file system\": set copper: auto or true "
-                            "(docs.alcf.anl.gov/aurora/data-science/python/)")
+        if self.copper_on or self.nodes < COPPER_FROM_NODES or where is None:
+            return []
+        return [f"site.copper: off for {self.nodes} nodes while Python imports from {where} (Lustre); "
+                f"ALCF: beyond {COPPER_FROM_NODES} nodes such imports \"might be significantly slower, or it "
+                "may even crash the Lustre file system\": set copper: auto or true "
+                "(docs.alcf.anl.gov/aurora/data-science/python/)"]
+
+    def preflight_warnings(self) -> list[str]:
+        """`settings_warnings()`, and a driver's host without hsn0, the interface ALCF's Parsl
+        page has the workers connect to."""
+        warnings = self.settings_warnings()
         if self.launcher == "pals" and not (self.address or self.address_interface):
             from campaign.executors.batch import preferred_address
 

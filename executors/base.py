@@ -126,7 +126,13 @@ class Site(StrictModel):
 
     def preflight_warnings(self) -> list[str]:
         """What the site's options suggest will go badly where only the machine can tell (one
-        line each, "field: problem; fix"); `campaign.preflight` prints them, never refuses."""
+        line each, "field: problem; fix"); `campaign.preflight` prints them, never refuses.
+        Includes `settings_warnings()`."""
+        return self.settings_warnings()
+
+    def settings_warnings(self) -> list[str]:
+        """The part of `preflight_warnings` that the campaign file alone tells (no host looked
+        at): `campaign validate` prints these too. None by default."""
         return []
 
     def workdir_warnings(self, workdir: Path, *, remote: bool) -> list[str]:

@@ -235,6 +235,26 @@ def test_a_stage_that_crashes_in_the_driver_says_where_its_traceback_is(tmp_path
     assert "Traceback (most recent call last)" in path.read_text() and numbers["traceback_file"] == str(path)
 
 
+def test_a_reference_file_under_home_is_read_where_the_preflight_found_it(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`reference.file: ~/ref.csv` passes the preflight (which expands `~`); the stage must read
+    the same file, not `<campaign folder>/~/ref.csv`."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    (home / "ref.csv").write_text("step,loss\n" + "".join(f"{s},{3.0 - 0.1 * s:.4f}\n" for s in range(1, 4)))
+    (tmp_path / "plain.py").write_text(PLAIN_TRAINER)
+    spec = _spec([{"kind": "loss_check", "steps": 3, "window": 2, "timeout_s": 60, "reference": {"file": "~/ref.csv"}}],
+                 command=["{python}", str(tmp_path / "plain.py"), "--steps", "{max_steps}"], progress="stdout",
+                 step_pattern=r"iter (?P<step>\d+): loss (?P<loss>[\d.]+)")
+    engine = _engine(spec, tmp_path)
+    code = engine.submit()
+    with engine.ledger.session() as s:
+        [run] = reads.current_stage_runs(s, reads.get_campaign(s, "inproc"))
+        verdict = run.verdict
+    assert code == 0 and run.state == "passed", verdict
+
+
 def test_a_resume_test_whose_trainer_never_saves_where_asked_stops_and_says_so(tmp_path: Path) -> None:
     """Issue 27 item 2: the interrupted run used to train until its timeout and fail "stalled";
     it is stopped once far past the interrupt step, and the verdict says which checkpoint never came."""

@@ -214,3 +214,19 @@ def test_what_only_the_machine_can_tell_is_a_warning_not_a_refusal(run_cli, tmp_
     assert any(w.startswith("site.copper: off for 1000 nodes while Python imports from /lus/flare/projects/"
                             "datascience/venvs/campaign") for w in warned), warned
     assert any(w.startswith(f"--workdir {Path.home() / 'campaigns'}: it is under your home directory") for w in warned)
+
+
+def test_plain_validate_warns_of_copper_off_at_scale_from_the_file_alone(run_cli, tmp_path):
+    """Issue 38 item 4: "a warning at validate when it is off there and the venv is on Lustre".
+    Plain `validate` (no --preflight, no host looked at) prints it on stderr and still exits 0;
+    at 999 nodes (below ALCF's 1000) it does not."""
+    spec, _ = _filled(tmp_path)
+    text = spec.read_text().replace("copper: auto", "copper: false")
+    spec.write_text(text.replace("nodes: 512 ", "nodes: 1000"))
+    code, out, err = run_cli("validate", spec)
+    assert code == 0 and "valid; spec digest" in out, err
+    assert ("warning: site.copper: off for 1000 nodes while Python imports from /lus/flare/projects/datascience/"
+            "venvs/campaign") in err, err
+    spec.write_text(text.replace("nodes: 512 ", "nodes: 999 "))
+    code, _, err = run_cli("validate", spec)
+    assert code == 0 and "site.copper" not in err, err
