@@ -90,6 +90,10 @@ LAUNCH_FAILED = "the launch command could not start"
 """How the supervisor's report begins when the launcher or trainer program cannot be executed."""
 _NOT_FOUND = re.compile(r"(?:^|[\s:'\"/])([\w.+-]+): (?:command )?not found|([\w.+-]+): No such file or directory")
 _REJECTED = re.compile(r"Submit command .*? failed; [^\n]*?stderr=([^\n]*)")
+_EXEC_FAILED = re.compile(r"execvp error on file (?P<hydra>\S+)|execve\(\): (?P<slurm>[^:]+): ")
+"""A launcher that started but could not exec the program on a node: MPICH Hydra's proxy
+("HYDU_create_process (...): execvp error on file PROG (No such file or directory)", then exit
+255: seen with mpiexec 4.x) and slurmstepd ("error: execve(): PROG: No such file or directory")."""
 
 
 def no_rank_started(rep: AttemptReport, *, ranks_wrote: bool) -> str | None:
@@ -100,8 +104,9 @@ def no_rank_started(rep: AttemptReport, *, ranks_wrote: bool) -> str | None:
     The shapes: the block never started its worker even after a fresh load (`block_failed`),
     or its submission failed (the scheduler command is missing, the job was rejected: Parsl's
     "Failed to start block ..."), too few usable nodes even after
-    a new block (`short_of_nodes`), or a launch command the supervisor could not execute
-    (`LAUNCH_FAILED`: the launcher or the trainer's program not found)."""
+    a new block (`short_of_nodes`), a launch command the supervisor could not execute
+    (`LAUNCH_FAILED`: the launcher or the trainer's program not found), or a launcher that
+    could not exec the program on the nodes (`_EXEC_FAILED`)."""
     error = " ".join((rep.error or "").split())
     # The block's submission failed: Parsl's "Failed to start block" (the block never started
     # its worker), seen either as the app's error or as the job's FAILED state (`Block.ended`).
@@ -119,6 +124,11 @@ def no_rank_started(rep: AttemptReport, *, ranks_wrote: bool) -> str | None:
         return _cut(error)
     if error.startswith(LAUNCH_FAILED) and not ranks_wrote:  # the supervisor could not execute it at all
         return _cut(error)
+    line = str((rep.finding or {}).get("last_error_line") or "")
+    if not ranks_wrote and (exec_failed := _EXEC_FAILED.search(line)):  # the launcher ran; the program did not
+        program = exec_failed.group("hydra") or exec_failed.group("slurm")
+        return (f"the launcher could not start {program} on the nodes (it exited {rep.exit_code}): "
+                f"{_cut(line.strip())}")
     # An exit 127 after the launch started is not this: the trainer's own "broken environment"
     # (the contract's 127) is a rank that started, and the stage calls it systemic.
     return None

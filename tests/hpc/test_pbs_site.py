@@ -132,6 +132,27 @@ def test_smoke_stage_runs_through_pbspro_provider(pbs_emulator, tmp_path):
     assert info["job_state"] == "F", info  # Parsl cancelled the block when the campaign ended
 
 
+def test_a_program_the_launcher_cannot_start_is_named_as_why_no_rank_started(pbs_emulator, tmp_path):
+    """Issue 38 item 2: MPICH's real `mpiexec` cannot exec the trainer's program on the nodes
+    (Hydra prints "execvp error on file ... (No such file or directory)" and exits 255); the
+    stage's verdict says no rank started and quotes that line, and it is not retried."""
+    text = SPEC
+    for old, new in E2E.items():
+        text = text.replace(old, new)
+    text = text.replace("  micro_batch_size: 4\n", "  micro_batch_size: 4\n  command: [no-such-trainer-program, "
+                        "--steps, '{max_steps}']\n  progress: stdout\n  step_pattern: 'iter (?P<step>\\d+): loss (?P<loss>[0-9.]+)'\n")
+    spec = tmp_path / "aurora.yaml"
+    spec.write_text(text)
+    proc = _campaign(tmp_path, "submit", str(spec))
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-4000:]
+    status = json.loads(_campaign(tmp_path, "status", "aurora-emu", "--json").stdout)
+    [stage] = status["stages"]
+    assert stage["verdict"].startswith("no rank started: the launcher could not start no-such-trainer-program"), (
+        stage["verdict"], (tmp_path / "wd" / "aurora-emu" / "smoke" / "attempt-001" / "supervisor.json").read_text())
+    assert "execvp error on file no-such-trainer-program (No such file or directory)" in stage["verdict"], stage
+    assert stage["attempts"] == 1 and "0 ranks" not in proc.stdout + proc.stderr
+
+
 def _job_ids(pbs_emulator) -> list[str]:
     out = subprocess.run([os.path.join(pbs_emulator.bin_dir, "qstat"), "-x", "-f", "-F", "json"],
                          capture_output=True, text=True, timeout=30, check=True).stdout

@@ -64,3 +64,21 @@ def test_an_attempt_whose_ranks_ran_is_judged_as_usual():
     # a block whose job ended before the launch, not a failed submission: relaunched, not "no rank started"
     assert no_rank_started(_report(error="the block's scheduler job ended under the attempt: job 12 COMPLETED "
                                          "(done, or gone from the queue)"), ranks_wrote=False) is None
+
+
+@pytest.mark.parametrize("line, exit_code, program", [
+    # MPICH Hydra (mpiexec 4.x, Debian's mpich; seen running it here: exit 255)
+    ("[proxy:0:1@vm] HYDU_create_process (utils/launch/launch.c:73): execvp error on file no-such-prog (No such file "
+     "or directory)", 255, "no-such-prog"),
+    # slurmstepd, as srun users report it (srun then exits 2; 13 for "Permission denied")
+    ("slurmstepd: error: execve(): /lus/p/venv/bin/python: No such file or directory", 2, "/lus/p/venv/bin/python"),
+    ("slurmstepd: error: execve(): train.sh: Permission denied", 13, "train.sh"),
+])
+def test_a_launcher_that_could_not_exec_the_program_is_named(line, exit_code, program):
+    """Issue 38 item 2: the launcher ran but no rank did. tests/hpc/test_pbs_site.py runs the
+    Hydra case for real through the PBS stand-in."""
+    rep = _report(exit_code=exit_code, exit_class="crashed_systemic", nodes=["n0"], finding={"last_error_line": line})
+    assert no_rank_started(rep, ranks_wrote=False) == \
+        f"the launcher could not start {program} on the nodes (it exited {exit_code}): {line}"
+    # the same line from an attempt whose ranks wrote (a rank exec'd a missing helper itself): judged as usual
+    assert no_rank_started(rep, ranks_wrote=True) is None
