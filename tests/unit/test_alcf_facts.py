@@ -360,3 +360,204 @@ def test_polaris_ranks_get_the_nccl_pages_setup(tmp_path: Path) -> None:
     ours = {**_bash_env(site.provider().worker_init, start), **site.launch_options().env}
     set_by_page = {k for k in page if page[k] != start.get(k)} - {"_", "SHLVL", "PWD"}
     assert {k: ours.get(k) for k in set_by_page} == {k: page[k] for k in set_by_page}
+
+
+# https://docs.alcf.anl.gov/aurora/workflows/parsl/, docs/aurora/workflows/parsl.md @ dc465358 (2026-07-16),
+# "Known Issues" (since 68b28692, 2025-10-16):
+TMPDIR_AURORA = ("Starting in October 2025, users testing parsl in single node jobs may encounter an error that makes "
+                 "reference to `OSError: AF_UNIX path too long`.  To fix this, include in the `worker_init` when using "
+                 "the `PBSProProvider` or in the job script for cases using the `LocalProvider` this environment "
+                 "variable setting: `export TMPDIR=/tmp`")
+# https://docs.alcf.anl.gov/polaris/workflows/parsl/, docs/polaris/workflows/parsl.md @ fb0b8c2d (2026-08-04),
+# "Known Issues" (since 177dcd66, 2025-10-16):
+TMPDIR_POLARIS = ("Starting in September 2025, users testing parsl in single node jobs may encounter an error that makes "
+                  "reference to `OSError: AF_UNIX path too long`.  To fix this, include in the `worker_init` for cases "
+                  "using the `PBSProProvider` or in the job script for cases using the `LocalProvider` this environment "
+                  "variable setting: `export TMPDIR=/tmp`")
+
+
+@needs_bash
+@pytest.mark.parametrize("kind, quote", [("aurora", TMPDIR_AURORA), ("polaris", TMPDIR_POLARIS)])
+def test_pbs_workers_start_with_the_tmpdir_alcfs_parsl_pages_name(kind: str, quote: str) -> None:
+    from parsl.providers import PBSProProvider
+
+    from campaign.executors.polaris import PolarisSite
+
+    line = re.search(r"`(export TMPDIR=(\S+))`$", quote)  # type: ignore[union-attr]
+    assert line is not None and "`worker_init`" in quote and "`PBSProProvider`" in quote
+    export, value = line.groups()
+    cls = {"aurora": AuroraSite, "polaris": PolarisSite}[kind]
+    provider = cls(account="p", worker_init="export MINE=1").provider()
+    assert isinstance(provider, PBSProProvider)
+    lines = provider.worker_init.splitlines()
+    assert export in lines and lines.index(export) < lines.index("export MINE=1")  # the user's own TMPDIR still wins
+    # PBS Pro's per-job TMPDIR, which the job starts with, gives way to the page's
+    job = _bash_env(provider.worker_init, {"PATH": os.environ["PATH"], "TMPDIR": "/var/tmp/pbs.8123456.aurora-pbs-0001"})
+    assert job["TMPDIR"] == value
+    assert "TMPDIR" not in cls(account="p", tmpdir=None).provider().worker_init
+
+
+# https://docs.alcf.anl.gov/aurora/data-management/lustre/flare/, docs/aurora/data-management/lustre/flare.md
+# @ 14bd245f (2025-01-28, the page's newest commit; the sentence in this wording since that commit):
+FLARE = ("**Flare** is a 91 PB Lustre Filesystem with 160 OSTs, 40 MDTs, and 48 Gateway nodes mounted at "
+         "`/lus/flare/projects/` with a peak theoretical performance of 650 GB/s. You should launch jobs only from "
+         "this Flare space.")
+
+
+def test_runs_start_from_the_flare_space_alcfs_flare_page_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mount = Path(re.search(r"mounted at `(/[^`]+)`", FLARE).group(1))  # type: ignore[union-attr]
+    advice = re.search(r"(launch jobs only from) this (\w+) space", FLARE)
+    assert advice is not None
+    site = AuroraSite(account="AuroraGPT")
+    # the endpoint's default work directory is in that space, and a work directory there draws no warning
+    assert site.remote_workdir() == mount / "AuroraGPT" / "campaigns"
+    assert site.workdir_warnings(mount / "AuroraGPT" / "campaigns", remote=True) == []
+    assert site.workdir_warnings(mount / "AuroraGPT" / "c", remote=False) == []
+    # elsewhere (home, or a relative path the endpoint resolves in $HOME): a warning in the page's words
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for workdir, remote in ((tmp_path / "campaigns", False), (Path("campaigns"), True), (Path("/home/me/c"), True)):
+        (warning,) = site.workdir_warnings(workdir, remote=remote)
+        assert f"{advice.group(1)} {advice.group(2)}" in warning
+        assert f"--workdir {mount / 'AuroraGPT' / 'campaigns'}" in warning
+
+
+# https://docs.alcf.anl.gov/aurora/running-jobs-aurora/ @ 512a0056, "Binding MPI ranks to GPUs" (since 94904579,
+# 2025-04-21): the frameworks module's hierarchy, the --gpu-bind warning, and the second of the page's two failed
+# launches (its GPU_BIND_SCHEME line as written here since b1049143, 2025-05-14, which removed a doubled prefix).
+FRAMEWORKS_FLAT = "The `frameworks` module sets `ZE_FLAT_DEVICE_HIERARCHY=FLAT`, treating each tile as a device."
+GPU_BIND_LIMITS = ("There are several limitations with using `--gpu-bind=list` namely (a) for implict-scaling via "
+                   "`--gpu-bind=list:0:1:2:3:4:5`, (b) With a different device-discovery hierarchy, "
+                   "`ZE_FLAT_DEVICE_HIERARCHY=FLAT`. This is mode preferred for AI/ML frameworks.")
+GPU_BIND_FAILS = """\
+$ export ZE_FLAT_DEVICE_HIERARCHY=FLAT
+$ export CPU_BIND_SCHEME="--cpu-bind=list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100"
+$ export GPU_BIND_SCHEME="--gpu-bind=list:0:1:2:3:4:5:6:7:8:9:10:11"
+$ mpiexec -n 12 -ppn 12 ${CPU_BIND_SCHEME} ${GPU_BIND_SCHEME} ./hello_affinity_aurora.out | sort
+launch failed on x4520c2s0b0n0: Failed to parse implicit GPU selection
+"""
+
+
+def test_ranks_get_the_frameworks_modules_flat_hierarchy_and_no_gpu_bind(tmp_path: Path) -> None:
+    flat = re.search(r"`ZE_FLAT_DEVICE_HIERARCHY=(\w+)`", FRAMEWORKS_FLAT).group(1)  # type: ignore[union-attr]
+    limit_b = re.search(r"\(b\) [^`]*`ZE_FLAT_DEVICE_HIERARCHY=(\w+)`", GPU_BIND_LIMITS)
+    assert limit_b is not None and limit_b.group(1) == flat  # --gpu-bind=list's limitation (b) is that hierarchy
+    site = AuroraSite(account="p")
+    assert site.device_hierarchy == flat and site.launch_options().env["ZE_FLAT_DEVICE_HIERARCHY"] == flat
+    assert site.launch_options().gpu_bind is None
+    line = _launch_line("{kind: aurora, account: p}", tmp_path)
+    assert f"--env ZE_FLAT_DEVICE_HIERARCHY={flat}" in line and "--gpu-bind" not in line
+    # the page's failed launch under that hierarchy: its CPU list is ours, its --gpu-bind is refused at validate
+    exports = dict(re.findall(r'^\$ export (\w+)="?(.*?)"?$', GPU_BIND_FAILS, re.M))
+    assert exports["ZE_FLAT_DEVICE_HIERARCHY"] == flat
+    assert GPU_BIND_FAILS.splitlines()[-1].endswith("Failed to parse implicit GPU selection")
+    assert f"--cpu-bind={site.launch_options().cpu_bind}" == exports["CPU_BIND_SCHEME"]
+    gpu_bind = exports["GPU_BIND_SCHEME"].removeprefix("--gpu-bind=")
+    with pytest.raises(SpecError, match=f"site.gpu_bind: .*fails with ZE_FLAT_DEVICE_HIERARCHY={flat}"):
+        spec.loads(f"name: g\nsite: {{kind: aurora, account: p, gpu_bind: '{gpu_bind}'}}\nstages:\n  - kind: smoke\n",
+                   "g.yaml")
+
+
+# https://docs.alcf.anl.gov/aurora/workflows/parsl/, docs/aurora/workflows/parsl.md @ dc465358 (2026-07-16),
+# "Parsl Config for Ensemble of Multinode MPI tasks" (since 1da0a7c2, 2025-01-16):
+PARSL_MPI = ("In order to run applications that have MPI communication, `mpiexec` has to be used a different way by "
+             "Parsl.  To run MPI applications, use the `SimpleLauncher` and the `MPIExecutor`.")
+PARSL_MPI_PROVIDER = """\
+                scheduler_options="#PBS -l filesystems=home:flare",
+                launcher=SimpleLauncher(),
+                select_options="",
+                nodes_per_block=nodes_per_job,
+                max_blocks=1,
+                cpus_per_node=208,
+"""
+
+
+def test_aurora_blocks_use_the_provider_settings_of_alcfs_parsl_page(tmp_path: Path) -> None:
+    import parsl.launchers
+    from parsl.providers import PBSProProvider
+
+    launcher = re.search(r"use the `(\w+)`", PARSL_MPI).group(1)  # type: ignore[union-attr]
+    page = dict(re.findall(r"^\s*(\w+)=(.*),$", PARSL_MPI_PROVIDER, re.M))
+    assert page["launcher"] == f"{launcher}()"
+    directive = page["scheduler_options"].strip('"')
+    cpus = int(page["cpus_per_node"])
+    p = AuroraSite(account="p").parsl_config(tmp_path).executors[0].provider
+    assert isinstance(p, PBSProProvider) and type(p.launcher) is getattr(parsl.launchers, launcher)
+    assert p.cpus_per_node == cpus and directive in p.scheduler_options.splitlines()
+    block = AuroraSite(account="p", queue="capacity", nodes=3, spares=1)
+    script, _ = block.dry_run(tmp_path / "parsl" / "000" / "submit_scripts")
+    assert directive in script.splitlines() and f"#PBS -l select=4:ncpus={cpus}" in script.splitlines()
+
+
+# https://docs.alcf.anl.gov/polaris/workflows/parsl/, docs/polaris/workflows/parsl.md @ fb0b8c2d (2026-08-04;
+# this executor since 1b11df2d, 2025-02-28, which removed `address=address_by_interface("bond0")`):
+POLARIS_PARSL_EXECUTOR = """\
+            HighThroughputExecutor(
+                label="htex",
+                heartbeat_period=15,
+                heartbeat_threshold=120,
+                worker_debug=True,
+                available_accelerators=user_opts["available_accelerators"],
+                max_workers_per_node=user_opts["available_accelerators"],
+                # This give optimal binding of threads to GPUs on a Polaris node
+                cpu_affinity="list:24-31,56-63:16-23,48-55:8-15,40-47:0-7,32-39",
+                prefetch_capacity=0,
+                provider=PBSProProvider(
+                    launcher=MpiExecLauncher(bind_cmd="--cpu-bind", overrides="--depth=64 --ppn 1"),
+                    account=user_opts["account"],
+                    queue=user_opts["queue"],
+                    select_options="ngpus=4",
+                    # PBS directives (header lines)
+                    scheduler_options=user_opts["scheduler_options"],
+                    # Command to be run before starting a worker, such as:
+                    worker_init=user_opts["worker_init"],
+                    # number of compute nodes allocated for each block
+                    nodes_per_block=user_opts["nodes_per_block"],
+                    init_blocks=1,
+                    min_blocks=0,
+                    max_blocks=1, # Can increase more to have more parallel jobs
+                    cpus_per_node=user_opts["cpus_per_node"],
+                    walltime=user_opts["walltime"]
+                ),
+            ),
+"""
+
+
+def test_polaris_workers_get_the_address_alcfs_parsl_page_gives_none(tmp_path: Path) -> None:
+    import inspect
+
+    from parsl.executors import HighThroughputExecutor
+
+    from campaign.executors.polaris import PolarisSite
+
+    indent = len(POLARIS_PARSL_EXECUTOR.splitlines()[1]) - len(POLARIS_PARSL_EXECUTOR.splitlines()[1].lstrip())
+    named = set(re.findall(rf"^ {{{indent}}}(\w+)=", POLARIS_PARSL_EXECUTOR, re.M))
+    assert {"label", "cpu_affinity", "provider"} <= named and "address" not in named
+    page_gets = inspect.signature(HighThroughputExecutor).parameters["address"].default
+    exe = PolarisSite(account="p").parsl_config(tmp_path).executors[0]
+    assert isinstance(exe, HighThroughputExecutor) and exe.address == page_gets  # Parsl offers every address
+
+
+# https://docs.alcf.anl.gov/aurora/running-jobs-aurora/ @ 512a0056, "MPI rank and thread binding to cores and
+# GPUs" (since 94904579, 2025-04-21):
+RESERVED_CORES = ("Since March 31, 2025, cores 0 (104) and 52 (156)--the first physical cores on each CPU "
+                  "socket—have been reserved for system services, and are no longer available for user applications.")
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 6, 8, 12, 16, 24, 32, 48, 96])
+def test_no_rank_and_no_copper_service_is_bound_to_the_cores_alcf_reserves(ranks: int) -> None:
+    pairs = [(int(a), int(b)) for a, b in re.findall(r"(\d+) \((\d+)\)", RESERVED_CORES)]
+    assert len(pairs) == 2 and "first physical cores on each CPU socket" in RESERVED_CORES
+    reserved = {core for pair in pairs for core in pair}  # each physical core and its hyperthread
+    assert tuple(core for core, _ in pairs) == aurora.RESERVED_CORES
+    assert all(thread - core == aurora.PHYSICAL_CORES for core, thread in pairs)
+    # each socket's first core is the system's: the ranks' lists start one past it
+    assert aurora.SOCKET_FIRST_CORES == tuple(core + 1 for core, _ in pairs)
+    cpu_bind = aurora.cpu_bind_list(ranks)  # what `cpu_bind: auto` gives that many ranks
+    assert cpu_bind is not None
+    if ranks in (6, 12):
+        site = AuroraSite(account="p", ranks_per_node=ranks, device_hierarchy="COMPOSITE" if ranks == 6 else "FLAT")
+        assert site.launch_options().cpu_bind == cpu_bind
+    logical = {c for part in re.split(r"[:,]", cpu_bind.removeprefix("list:"))
+               for c in range(int(part.split("-")[0]), int(part.split("-")[-1]) + 1)}
+    assert not logical & reserved and not aurora.bound_cores(cpu_bind) & reserved
+    assert not set(aurora.copper_cores(cpu_bind) or aurora.COPPER_SERVICE_CORES) & reserved
