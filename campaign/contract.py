@@ -267,7 +267,7 @@ def newest_complete(layout: CheckpointLayout | None, checkpoint_dir: str | Path)
 
 BUILT_IN_ONLY = ("parallelism", "micro_batch_size", "grad_accum", "lr", "min_lr_ratio", "warmup_steps", "schedule",
                  "schedule_steps", "weight_decay", "max_grad_norm", "precision", "compile",
-                 "compile_cache", "activation_checkpointing", "device", "backend", "deterministic", "seed", "keep_last", "log_every")
+                 "compile_scope", "compile_cache", "activation_checkpointing", "device", "backend", "deterministic", "seed", "keep_last", "log_every")
 """`trainer` fields only the built-in trainer reads (a command of your own gets them only in trainer.json)."""
 
 

@@ -169,6 +169,13 @@ class TrainConfig(_Strict):
     (campaign.train.float8)."""
     compile: bool = False
     """Wrap the model in torch.compile."""
+    compile_scope: Literal["auto", "model", "blocks"] = "auto"
+    """With `compile`, what one compiled graph covers. `model`: the whole model (one graph,
+    fused across blocks; the longest compile). `blocks`: each transformer block and the
+    output (norm, head, loss) on their own: the blocks share one compiled graph (Dynamo
+    traces and Inductor compiles one block, not n_layer), so a start compiles and loads
+    far less, at some cost per step on one rank. `auto`: `model` on one rank, `blocks`
+    with several (DDP's bucket overlap and FSDP2's per-block sharding need the blocks apart)."""
     compile_cache: bool = True
     """With `compile`: keep torch.compile's caches (Inductor's FX graphs, AOTAutograd, Triton
     kernels) in the campaign's folder on the shared filesystem (`<campaign>/compile-cache`, one

@@ -102,7 +102,7 @@ def build(cfg: TrainerConfig, env: DistEnv) -> Trainer:
         float8.convert(model)
     par = parallelize(model, parallelism=t.parallelism, device=env.device, compile=t.compile,
                       activation_checkpointing=t.activation_checkpointing,
-                      bf16=use_bf16(t, env.device), world_size=env.world_size)
+                      bf16=use_bf16(t, env.device), world_size=env.world_size, compile_scope=t.compile_scope)
     model = par.model
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]

@@ -93,23 +93,26 @@ class Parallel:
 
 
 def parallelize(model: nn.Module, *, parallelism: str, device: torch.device, compile: bool,
-                activation_checkpointing: bool, bf16: bool, world_size: int | None = None) -> Parallel:
-    """`model` must already be on `device`; `world_size` defaults to the process group's."""
+                activation_checkpointing: bool, bf16: bool, world_size: int | None = None,
+                compile_scope: str = "auto") -> Parallel:
+    """`model` must already be on `device`; `world_size` defaults to the process group's.
+    `compile_scope` (TrainConfig's): "model", "blocks" or "auto" (model on one rank)."""
     timer = CommTimer()
     world = world_size if world_size is not None else dist.get_world_size()
     # 1. Activation checkpointing: each block's activations are recomputed in backward.
     if activation_checkpointing:
         model.activation_checkpointing = True
-    if world == 1:
-        if compile:
-            model.compile()
-        return Parallel(model, timer, "none")  # no gradient collective: its time is 0, known
-    # 2. Compile each block in place (nn.Module.compile keeps parameter names), and the
-    #    output (norm, head, loss).
-    if compile:
+    # 2. Compile: the whole model (one rank, scope model/auto), or each block in place
+    #    (nn.Module.compile keeps parameter names) and the output (norm, head, loss).
+    whole = world == 1 and compile_scope != "blocks"
+    if compile and whole:
+        model.compile()
+    elif compile:
         for block in model.blocks:
             block.compile()
         model.output = torch.compile(model.output)
+    if world == 1:
+        return Parallel(model, timer, "none")  # no gradient collective: its time is 0, known
     # 3. Data parallelism.
     if parallelism == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

@@ -125,6 +125,38 @@ def test_one_rank_trains_the_model_unwrapped_and_casts_by_autocast(parallelism):
     assert par.comm.pop() == 0.0  # no gradient collective: none of the step is spent in one
 
 
+@pytest.mark.parametrize("scope, world, whole", [("auto", 1, True), ("model", 1, True), ("blocks", 1, False),
+                                                ("auto", 2, False)])
+def test_compile_scope_picks_what_one_graph_covers(scope, world, whole):
+    """`trainer.compile_scope`: the whole model in one graph, or each block and the output on
+    their own (the form DDP and FSDP2 need; on one rank chosen for a shorter start). Nothing is
+    compiled here (compile is lazy): what is wrapped is what a start compiles."""
+    from campaign.train.model import GPT, SHAPES
+    from campaign.train.parallelize import parallelize
+
+    model = GPT(SHAPES["tiny"])
+    if world == 1:
+        parallelize(model, parallelism="ddp", device=torch.device("cpu"), compile=True,
+                    activation_checkpointing=False, bf16=False, world_size=1, compile_scope=scope)
+    else:  # the block-wise compile happens before DDP wraps the model: DDP stood in for (no process group)
+        from campaign.train import parallelize as P
+
+        class NoDDP:
+            def __init__(self, module, **kw):
+                self.module = module
+
+            def register_comm_hook(self, *a):
+                pass
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(P, "DDP", NoDDP)
+            P.parallelize(model, parallelism="ddp", device=torch.device("cpu"), compile=True,
+                          activation_checkpointing=False, bf16=False, world_size=world, compile_scope=scope)
+    assert (model._compiled_call_impl is not None) is whole
+    assert all((b._compiled_call_impl is None) is whole for b in model.blocks)
+    assert ("output" not in vars(model)) is whole  # the blocks' form compiles the output (norm, head, loss) apart
+
+
 def test_prefetched_batches_are_the_batches_a_step_would_read():
     src = data.MarkovSource(vocab=64, branching=4, seed=3)
     ahead = data.Sampler(src, 16, 2, rank=1, world=2, grad_accum=2, device=torch.device("cpu"))
