@@ -93,6 +93,8 @@ STARTUP = PHASES[2:]
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = h.parser(__doc__, size="gpt2-124m", micro_batch=0, budget_s=560.0)
     p.add_argument("--sizes", default="gpt2-124m,1b", help="shapes, comma-separated (in this order)")
+    p.add_argument("--compile-scope", default="auto", choices=["auto", "model", "blocks"],
+                   help="trainer.compile_scope of every campaign and the bare run (auto: model on one rank)")
     p.add_argument("--cuts", default=None, help="shapes that also run `no cache` and `cold start`, comma-separated, "
                    "or none (default: gpt2-124m; tiny in the rehearsal)")
     p.add_argument("--stages-at", default="tiny,gpt2-124m,1b",
@@ -145,7 +147,8 @@ def trainer(a: argparse.Namespace, **over: Any) -> dict[str, Any]:
     # overlap_steps off everywhere: the faults turn it off in the long run (`auto`), and the
     # bare run must train the same loop.
     return h.trainer(a, compile=a.compile, deterministic="auto", checkpoint_every=SHAPES[a.size][2], overlap_steps=False,
-                     keep_last=1 if a.size == "1b" else 2, **over)  # 1b: ~16 GB a checkpoint, 64 GB of disk
+                     keep_last=1 if a.size == "1b" else 2, **({"compile_scope": a.compile_scope}
+                                                             if a.compile_scope != "auto" else {}), **over)  # 1b: ~16 GB a checkpoint, 64 GB of disk
 
 
 def ours_spec(a: argparse.Namespace, label: str, over: dict[str, Any], with_stages: bool) -> dict[str, Any]:
