@@ -40,6 +40,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--size", default="1b")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--micro-batch", type=int, default=4)
+    p.add_argument("--compile-scope", default="auto", choices=["auto", "model", "blocks"])
     p.add_argument("--rehearsal", action="store_true", help="tiny, CPU: checks that float8 is refused there")
     return p.parse_args(argv)
 
@@ -51,7 +52,7 @@ def run(a: argparse.Namespace, work: Path, precision: str) -> dict[str, Any]:
     d.mkdir()
     cfg = TrainerConfig.model_validate({
         "model": {"size": "tiny" if a.rehearsal else a.size},
-        "train": {"compile": not a.rehearsal, "precision": precision, "device": "cpu" if a.rehearsal else "cuda",
+        "train": {"compile": not a.rehearsal, "compile_scope": a.compile_scope, "precision": precision, "device": "cpu" if a.rehearsal else "cuda",
                   "micro_batch_size": a.micro_batch, "checkpoint_every": 0, "seed": 0, "lr": 6e-4,
                   "warmup_steps": 20, "schedule_steps": max(a.steps, 100)},
         "run": {"max_steps": a.steps, "checkpoint_dir": str(d / "checkpoints"), "checkpoint_final": False,
@@ -74,6 +75,7 @@ def run(a: argparse.Namespace, work: Path, precision: str) -> dict[str, Any]:
            "mfu_float8": statistics.median(r["mfu_float8"] for r in steady if r.get("mfu_float8"))
            if any(r.get("mfu_float8") for r in steady) else None,
            "log_tail": (d / "trainer.log").read_text()[-600:]}
+    print(f"{precision}: exit {code}, {len(rows)} steps, {step_s * 1000:.2f} ms/step, loss {out['loss']:.4f}", flush=True)
     return out
 
 
