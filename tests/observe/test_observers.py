@@ -104,7 +104,7 @@ def test_a_drilled_long_run_leaves_tensorboard_wandb_and_notifications(tmp_path:
         got = scalars(board / f"attempt-{attempt}", "loss")
         assert sorted(got) == sorted(steps)
         assert all(math.isclose(got[k], v, rel_tol=1e-6) for k, v in steps.items())
-        for tag in ("tokens", "tokens_per_s", "step_time_s", "lr"):
+        for tag in ("tokens", "tokens_per_s", "step_time_s", "lr", "mem_peak_gib"):
             assert sorted(scalars(board / f"attempt-{attempt}", tag)) == sorted(steps), tag
     events = texts(board / "events")
     [relaunch] = events["relaunch"]
