@@ -275,11 +275,13 @@ def steps_figure(campaigns: Sequence[Sequence[dict[str, Any]]], *, title: str | 
     """Step time (ms) and loss against step. Series as in `progress_figure` with the
     `step_time_s` column; lines carry gid CAMPAIGN/STAGE/ATTEMPT/step_time|loss. Every
     attempt's first step is marked (dotted); a relaunch (after a failed attempt of the
-    same stage) in red, named with the exit class it followed."""
+    same stage) in red, named with the exit class it followed, above the axes (gid
+    .../relaunch-label): inside them the label covered the slow first steps of the relaunch."""
     fig = _figure(STEPS_SIZE)
     ax_time, ax_loss = fig.subplots(2, 1, sharex=True)
     several = len({s["campaign"] for c in campaigns for s in c}) > 1
     colours: dict[tuple[str, str], str] = {}
+    labels: list[tuple[Any, str, str]] = []  # (step, text, gid) of each relaunch
     for c in campaigns:
         prev: dict[str, Any] | None = None
         for s in c:
@@ -300,9 +302,13 @@ def steps_figure(campaigns: Sequence[Sequence[dict[str, Any]]], *, title: str | 
                     ax.axvline(first, color="red" if relaunch else "0.5", linestyle="--" if relaunch else ":",
                                linewidth=1, gid=f"{gid}/{'relaunch' if relaunch else 'boundary'}")
                 if relaunch:
-                    ax_time.annotate(f"relaunch {s['number'] - 1}\nafter {prev['state']}", (first, 1), xycoords=("data", "axes fraction"),
-                                     xytext=(3, -3), textcoords="offset points", va="top", fontsize=8, color="red")
+                    labels.append((first, f"relaunch {s['number'] - 1} after {prev['state']}", f"{gid}/relaunch-label"))
             prev = s
+    rows = _label_rows([x for x, _, _ in labels], ax_time.get_xlim())
+    for (x, text, gid), row in zip(labels, rows):
+        # In the band between the title and the axes, centred on the red line: never over the data.
+        ax_time.annotate(text, (x, 1), xycoords=("data", "axes fraction"), xytext=(0, 3 + LABEL_ROW_PT * row),
+                         textcoords="offset points", ha="center", va="bottom", fontsize=8, color="red", gid=gid)
     ax_time.set_ylabel("step time (ms)")
     ax_loss.set_ylabel("training loss")
     ax_loss.set_xlabel("step")
@@ -311,8 +317,26 @@ def steps_figure(campaigns: Sequence[Sequence[dict[str, Any]]], *, title: str | 
     if ax_loss.get_legend_handles_labels()[0]:
         ax_loss.legend(fontsize=8, loc="upper right")
     names = ", ".join(dict.fromkeys(f"{s['campaign']} / {s['stage']}" for c in campaigns for s in c))
-    ax_time.set_title(title or f"Step time and loss: {names}")
+    ax_time.set_title(title or f"Step time and loss: {names}", pad=6 + LABEL_ROW_PT * (max(rows) + 1) if rows else 6)
     return fig
+
+
+LABEL_ROW_PT = 11
+"""Points between rows of relaunch labels above the step-time axes."""
+
+
+def _label_rows(xs: Sequence[Any], xlim: tuple[float, float], *, width: float = 0.22) -> list[int]:
+    """A row (0: just above the axes) for each label centred at xs, so that labels closer than
+    `width` of the x range (about one label's length) stack instead of overlapping."""
+    span = max(xlim[1] - xlim[0], 1e-9)
+    placed: list[tuple[float, int]] = []
+    rows = []
+    for x in xs:
+        taken = {r for px, r in placed if abs(px - x) < width * span}
+        row = next(r for r in range(len(placed) + 1) if r not in taken)
+        placed.append((x, row))
+        rows.append(row)
+    return rows
 
 
 def goodput_figure(campaigns: list[dict[str, Any]]) -> Any:

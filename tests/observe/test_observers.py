@@ -104,13 +104,14 @@ def test_a_drilled_long_run_leaves_tensorboard_wandb_and_notifications(tmp_path:
         got = scalars(board / f"attempt-{attempt}", "loss")
         assert sorted(got) == sorted(steps)
         assert all(math.isclose(got[k], v, rel_tol=1e-6) for k, v in steps.items())
-        for tag in ("tokens", "tokens_per_s", "step_time_s", "lr"):
+        for tag in ("tokens", "tokens_per_s", "step_time_s", "lr", "mem_peak_gib"):
             assert sorted(scalars(board / f"attempt-{attempt}", tag)) == sorted(steps), tag
     events = texts(board / "events")
     [relaunch] = events["relaunch"]
     assert "crashed_node" in relaunch and "exit 137" in relaunch, relaunch
     [excluded] = events["node_excluded"]
     assert "excluded local-n0" in excluded, excluded
+    assert "killed by SIGKILL" in excluded and '"exit_class": "crashed_node"' in excluded, excluded  # why
     assert any("running -> passed" in t for t in events["stage_state"])
     assert any("-> succeeded" in t for t in texts(tmp_path / "tb" / "drill" / "events")["campaign_state"])
 
@@ -135,6 +136,7 @@ def test_a_drilled_long_run_leaves_tensorboard_wandb_and_notifications(tmp_path:
     alerts = {a["title"].split(": ", 1)[1].split(" #")[0]: a for a in run["alerts"]}
     assert "crashed_node" in alerts["relaunch (attempt 1)"]["text"]
     assert "local-n0" in alerts["node_excluded (attempt 1)"]["text"]
+    assert "killed by SIGKILL" in alerts["node_excluded (attempt 1)"]["text"], "the exclusion's cause"
     assert alerts["relaunch (attempt 1)"]["level"] == "WARN"
     assert run["summary"]["state"] == "passed" and run["exit"] == 0
     assert f"wandb sync {run_dir}" in printed, printed

@@ -117,3 +117,33 @@ def test_triton_stays_behind_the_guard() -> None:
                                                            for h in c.handlers) for c in chain)
                 found.append((str(path.relative_to(REPO)), fn, guard))
     assert found == [("campaign/train/rotary.py", "load_kernels", True)]
+
+
+# The tests of these extras skip when the package is missing (pytest.importorskip in
+# tests/observe/ and tests/e2e/test_observe_e2e.py; tokenizers in tests/train/): here their
+# absence is a failure, so a `make test` that dropped an extra cannot pass by skipping.
+TESTED_EXTRAS = {"tensorboard": "tensorboard", "wandb": "wandb", "tokenizers": "test"}
+"""import name -> the extra of pyproject.toml that `make test` installs it with."""
+
+
+def _make_test_extras() -> set[str]:
+    """The extras of the Makefile's `pip install -e ".[...]"` (what `make test` installs)."""
+    [extras] = re.findall(r'pip install .*-e "\.\[([^\]]+)\]"', (REPO / "Makefile").read_text())
+    return set(extras.split(","))
+
+
+@pytest.mark.parametrize("module", sorted(TESTED_EXTRAS))
+def test_the_extras_the_tests_need_are_installed(module: str) -> None:
+    import importlib
+
+    extras = _make_test_extras()
+    extra = TESTED_EXTRAS[module]
+    assert extra in extras, f"the Makefile's install ({sorted(extras)}) lacks the {extra!r} extra ({module})"
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert module in _dist_names(project["optional-dependencies"][extra]), f"{module} not in the {extra!r} extra"
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        pytest.fail(f"{module} is not importable ({e}): its tests would skip, not run. `make test` installs it with "
+                    f"the Makefile's extras .[{','.join(sorted(extras))}] ({module}: {extra!r}); "
+                    f"in another venv: pip install -e '.[{extra}]'")

@@ -293,7 +293,7 @@ def test_one_relaunch_numbering_in_status_events_plots_and_export(demo: Ledger, 
     assert any(e["message"].startswith("relaunch 1 (attempt 2) after hang") for e in d["events"])
     data = commands.plot_data(demo, ["demo-run"], "steps", "long-run")
     texts = [t.get_text() for t in plots.steps_figure(data["series"]).axes[0].texts]
-    assert texts == ["relaunch 1\nafter stalled"]
+    assert texts == ["relaunch 1 after stalled"]
     code, out, _ = run_cli("ledger", "export", "demo-run", "--what", "attempts", "--format", "json", "--db", demo_url)
     assert [(a["number"], a["label"]) for a in json.loads(out) if a["stage"] == "long-run"] == [(1, ""),
                                                                                              (2, "relaunch 1")]

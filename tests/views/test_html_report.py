@@ -198,3 +198,28 @@ def test_a_reader_never_sees_half_a_page(tmp_path):
         stop.set()
         t.join()
     assert bad == []
+
+
+@pytest.mark.timeout(60)  # a --watch that ignores its bounds never returns
+def test_report_watch_on_the_command_line_returns_and_writes_the_page(demo_url, tmp_path):
+    """`campaign report NAME --html OUT --watch`: on a finished campaign one write, then it
+    returns; on a running one `--count` bounds it (each write said on stderr)."""
+    out = tmp_path / "share" / "live.html"
+    r = CliRunner().invoke(main, ["report", "demo-run", "--db", demo_url, "--html", str(out), "--watch",
+                                  "--interval", "1"])
+    assert r.exit_code == 0, r.output
+    page = out.read_text()
+    assert page.endswith("</html>\n") and "<title>campaign demo-run — succeeded</title>" in page
+    assert 'http-equiv="refresh"' not in page  # the last write: nothing more to reload
+    assert r.stderr.count(f"{out}: written at") == 1 and "(campaign succeeded)" in r.stderr, r.stderr
+
+    import sqlite3
+
+    with sqlite3.connect(demo_url.removeprefix("sqlite:///")) as db:
+        db.execute("UPDATE campaign SET state = 'running' WHERE name = 'demo-run'")
+    out.unlink()
+    r = CliRunner().invoke(main, ["report", "demo-run", "--db", demo_url, "--html", str(out), "--watch",
+                                  "--interval", "1", "--count", "2"])
+    assert r.exit_code == 0, r.output
+    assert r.stderr.count(f"{out}: written at") == 2 and r.stderr.count("(campaign running)") == 2, r.stderr
+    assert out.read_text().endswith("</html>\n")

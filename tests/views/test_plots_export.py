@@ -90,6 +90,28 @@ def test_steps_plot_marks_the_relaunch(demo: Ledger, tmp_path: Path) -> None:
     assert png_size(plots.save(fig, tmp_path / "t.png")) == (1000, 700)
 
 
+def test_steps_plot_labels_the_relaunch_above_the_data(demo: Ledger) -> None:
+    """The label sat inside the step-time axes, over the relaunch's slow first steps; now
+    it is in the band above them, below the title, centred on the red line."""
+    fig = plots.steps_figure([_series(demo, stage="long-run", columns=("loss", "step_time_s"))])
+    ax_time = fig.axes[0]
+    [label] = [t for t in ax_time.texts if t.get_gid() == "demo-run/long-run/2/relaunch-label"]
+    assert label.get_text() == "relaunch 1 after stalled"
+    renderer = fig.canvas.get_renderer()
+    fig.draw(renderer)  # the constrained layout places the axes and the title
+    box, axes, title = label.get_window_extent(renderer), ax_time.get_window_extent(renderer), \
+        ax_time.title.get_window_extent(renderer)
+    assert box.y0 >= axes.y1, (box, axes)  # above the axes: it covers no point of the data
+    assert box.y1 <= title.y0, (box, title)  # and under the title
+    line_x = ax_time.transData.transform((41, 0))[0]
+    assert box.x0 < line_x < box.x1
+
+
+def test_relaunch_labels_close_together_stack() -> None:
+    assert plots._label_rows([21, 27, 60], (0, 100)) == [0, 1, 0]
+    assert plots._label_rows([10, 50, 90], (0, 100)) == [0, 0, 0]
+
+
 def test_sampling_downsamples_in_sql_and_keeps_the_last_step(demo: Ledger) -> None:
     series = _series(demo, stage="long-run", max_points=20)
     first, second = series
