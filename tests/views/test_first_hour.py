@@ -95,10 +95,10 @@ def live(tmp_path: Path) -> Any:
 
 # --- status: the running attempt, in one screen --------------------------------------
 
-def test_status_shows_step_target_eta_rate_loss_and_nodes_of_the_running_attempt(live: Any) -> None:
-    """Before: `status NAME --watch` showed no step, target, ETA or tokens/s, and a running
-    attempt showed `nodes 0`."""
-    led, _ = live
+def test_status_shows_step_target_eta_rate_loss_and_nodes_of_the_running_attempt(live: Any, run_cli: Any) -> None:
+    """Before: `status NAME --watch` (and plain `status NAME`) showed no step, target, ETA or
+    tokens/s, and a running attempt showed `nodes 0`."""
+    led, url = live
     d = commands.status_data(led, "live")
     [a] = d["running"]
     assert (a["stage"], a["number"], a["step"], a["target"], a["nodes"]) == ("long-run", 2, 88, 157,
@@ -110,6 +110,12 @@ def test_status_shows_step_target_eta_rate_loss_and_nodes_of_the_running_attempt
     silent = render(watch_view({**d, "running": [{**a, "last_step_age_s": 12.0}]}, 80, 24))
     assert "long-run #2 (relaunch 1): step 88/157 (56%)  no new step for 12.0 s\n" in silent
     assert "  loss 1.8750  45.1K tok  40 ms/step  2 nodes: local-n0, local-n2\n" in text
+    # Plain `campaign status NAME`, as a user types it: the same two lines, above the tables.
+    code, out, err = run_cli("status", "live", "--db", url)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "long-run #2 (relaunch 1): step 88/157 (56%)  eta 0:00:03  12.8K tok/s" in lines
+    assert "  loss 1.8750  45.1K tok  40 ms/step  2 nodes: local-n0, local-n2" in lines
 
 
 def test_the_watch_screen_fits_24x80_and_counts_what_it_leaves_out(live: Any) -> None:
