@@ -23,6 +23,7 @@ import pytest
 
 from campaign import commands
 from campaign.errors import CampaignError
+from campaign.exits import ExitClass
 from campaign.ledger import Ledger, open_ledger, reads, writes
 
 
@@ -287,6 +288,34 @@ def test_the_default_plot_is_the_long_run_across_attempts_with_each_relaunch_lab
     assert "demo-run/long-run/lost-1" in by_gid  # steps 41-60 trained twice, shaded
     assert [line.get_label() for line in ax.lines if line.get_gid() in ("demo-run/long-run/1", "demo-run/long-run/2")] \
         == ["attempt 1", "attempt 2 (relaunch 1)"]
+
+
+def _relaunch(exit_class: ExitClass, *, last_step: int, resume_step: int, rescued: bool = False,
+              excluded: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A `relaunch` event's data as stages/long_run.py writes it after attempt 1."""
+    from campaign.stages import long_run
+
+    return {"resume_step": resume_step, "steps_lost": last_step - resume_step, "exit_class": exit_class,
+            "cause": long_run.relaunch_cause(exit_class), "relaunch": 1, "attempt": 2, "rescued": rescued,
+            "last_step": last_step, "drill": False, "excluded": list(excluded)}
+
+
+@pytest.mark.parametrize(("event", "label"), [
+    (_relaunch(ExitClass.CRASHED_NODE, last_step=60, resume_step=40, excluded=("local-n1",)),
+     "relaunch 1: crash\nexcluded local-n1\n20 steps lost"),
+    (_relaunch(ExitClass.BLOCK_LOST, last_step=55, resume_step=40),
+     "relaunch 1: node lost\n15 steps lost"),
+    (_relaunch(ExitClass.STALLED, last_step=60, resume_step=60, rescued=True, excluded=("local-n1",)),
+     "relaunch 1: hang\nexcluded local-n1\nrescued step 60\n0 steps lost"),
+    (_relaunch(ExitClass.STALLED, last_step=61, resume_step=60, rescued=True),
+     "relaunch 1: hang\nrescued step 60\n1 step lost"),
+], ids=["crash", "node-lost", "rescued", "rescued-one-lost"])
+def test_a_relaunch_label_names_its_cause_the_rescue_and_the_steps_lost(event: dict[str, Any], label: str) -> None:
+    """Issue 40: each relaunch on the campaign's chart is labelled with why (hang, crash, node
+    lost), the rescue that saved its last step, and the steps lost."""
+    from campaign import plots
+
+    assert plots.relaunch_text(event) == label
 
 
 def test_one_relaunch_numbering_in_status_events_plots_and_export(demo: Ledger, demo_url: str, run_cli: Any) -> None:
