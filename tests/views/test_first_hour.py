@@ -290,6 +290,38 @@ def test_the_default_plot_is_the_long_run_across_attempts_with_each_relaunch_lab
         == ["attempt 1", "attempt 2 (relaunch 1)"]
 
 
+def test_plot_stage_draws_that_stage_into_its_own_file(demo_url: str, run_cli: Any, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """`campaign plot NAME --stage STAGE` draws that stage (the title names it) into
+    NAME-STAGE-run.png. Before: the file was NAME-run.png whatever --stage, so the chart of
+    another stage overwrote the default chart."""
+    from campaign import commands, plots
+
+    titles: list[str] = []
+    save = plots.save
+    monkeypatch.setattr(plots, "save", lambda fig, path: (titles.append(fig.axes[0].get_title()), save(fig, path))[1])
+    code, out, err = run_cli("plot", "demo-run", "--db", demo_url, "--out", tmp_path)
+    assert code == 0, err
+    default = tmp_path / "demo-run-run.png"
+    assert Path(out.strip()) == default
+    drawn = default.read_bytes()
+    code, out, err = run_cli("plot", "demo-run", "--stage", "scaling", "--db", demo_url, "--out", tmp_path)
+    assert code == 0, err
+    assert Path(out.strip()) == tmp_path / "demo-run-scaling-run.png" and Path(out.strip()).stat().st_size > 10_000
+    assert default.read_bytes() == drawn  # the default chart is still the long run's
+    assert titles == ["Loss vs tokens: demo-run / long-run (2 attempts, 1 relaunch)",
+                      "Loss vs tokens: demo-run / scaling (2 attempts, 0 relaunches)"]
+    code, out, err = run_cli("plot", "demo-run", "--kind", "steps", "--stage", "long-run", "--db", demo_url,
+                             "--out", tmp_path)
+    assert (code, Path(out.strip())) == (0, tmp_path / "demo-run-long-run-steps.png"), err
+    code, _, err = run_cli("plot", "demo-run", "--stage", "nope", "--db", demo_url, "--out", tmp_path)
+    assert code == 2 and "--stage nope: campaign 'demo-run' has the stages smoke, scaling, long-run" in err
+    # Kinds that draw every stage keep one file name; a stage name never leaves --out.
+    assert commands.plot_path(["demo-run"], "goodput", tmp_path, "scaling").name == "demo-run-goodput.png"
+    with pytest.raises(CampaignError, match="--stage: '../x' is not a valid name"):
+        commands.plot_path(["demo-run"], "steps", tmp_path, "../x")
+
+
 def _relaunch(exit_class: ExitClass, *, last_step: int, resume_step: int, rescued: bool = False,
               excluded: tuple[str, ...] = ()) -> dict[str, Any]:
     """A `relaunch` event's data as stages/long_run.py writes it after attempt 1."""
