@@ -709,7 +709,7 @@ def data_prepare(texts: tuple[Path, ...], out_path: Path, tokenizer_file: Path |
 @click.option("--reference", "reference_file", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="A reference curve file (step|tokens,loss; optional run,stage,nodes columns) drawn in black.")
 @click.option("--stage", help="The stage to draw (run, steps: default the long run, else the stage with the most "
-              "steps).", **STAGE_COMPLETE)
+              "steps); the file is then NAME-STAGE-KIND.png.", **STAGE_COMPLETE)
 @click.option("--max-points", type=click.IntRange(min=10), default=4000, show_default=True,
               help="Points per campaign, sampled in the database.")
 @_endpoint_option
@@ -734,7 +734,8 @@ def plot(names: tuple[str, ...], db_url: str | None, workdir: Path, kind: str, o
             data = commands.plot_data(led, names, kind, stage, max_points)
         finally:
             led.close()
-    click.echo(str(commands.draw_plot(data, kind, out_dir, reference_file=reference_file, log_x=log_x)))
+    click.echo(str(commands.draw_plot(data, kind, out_dir, reference_file=reference_file, log_x=log_x,
+                                      stage=stage)))
 
 
 @main.command()

@@ -332,20 +332,29 @@ def check_plot_names(patterns: Sequence[str]) -> None:
         names.check_pattern(p, "NAME")
 
 
-def plot_path(names: Sequence[str], kind: str, out_dir: Path) -> Path:
-    """The PNG file a plot of campaigns `names` goes to, inside `out_dir`. Each name is
-    checked again (a ledger written by an older release may hold any name)."""
+STAGE_PLOT_KINDS = ("run", "steps", "progress")
+"""The kinds of `campaign plot` that draw one stage when --stage names it."""
+
+
+def plot_path(names: Sequence[str], kind: str, out_dir: Path, stage: str | None = None) -> Path:
+    """The PNG file a plot of campaigns `names` goes to, inside `out_dir`:
+    `NAME-KIND.png`, or `NAME-STAGE-KIND.png` when --stage chose the stage (so that a chart
+    of another stage never overwrites the default one). Each name is checked again (a
+    ledger written by an older release may hold any name), the stage too."""
     from campaign import names as rule
 
     for n in names:
         rule.check(n, "campaign name in the ledger")
     stem = "+".join(names) if len(names) <= 3 else f"{names[0]}+{len(names) - 1}-more"
+    if stage and kind in STAGE_PLOT_KINDS:
+        stem = f"{stem}-{rule.check(stage, '--stage')}"
     return out_dir / f"{stem}-{kind}.png"
 
 
 def draw_plot(data: dict[str, Any], kind: str, out_dir: Path, *, reference_file: Path | None = None,
-              log_x: bool = False) -> Path:
-    """Draw `plot_data`'s answer (local or from an endpoint) as a PNG in `out_dir`; its path."""
+              log_x: bool = False, stage: str | None = None) -> Path:
+    """Draw `plot_data`'s answer (local or from an endpoint) as a PNG in `out_dir`; its path
+    (`plot_path`: the stage is in its name when `stage`, --stage, chose it)."""
     from campaign import export, plots
 
     found = data["names"]
@@ -362,7 +371,7 @@ def draw_plot(data: dict[str, Any], kind: str, out_dir: Path, *, reference_file:
     else:
         ref = export.read_curves(reference_file) if reference_file else None
         fig = plots.progress_figure(data["series"], reference=ref, log_x=log_x)
-    return plots.save(fig, plot_path(found, kind, out_dir))
+    return plots.save(fig, plot_path(found, kind, out_dir, stage))
 
 
 # --- export ----------------------------------------------------------------------------

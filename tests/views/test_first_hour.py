@@ -23,6 +23,7 @@ import pytest
 
 from campaign import commands
 from campaign.errors import CampaignError
+from campaign.exits import ExitClass
 from campaign.ledger import Ledger, open_ledger, reads, writes
 
 
@@ -95,10 +96,10 @@ def live(tmp_path: Path) -> Any:
 
 # --- status: the running attempt, in one screen --------------------------------------
 
-def test_status_shows_step_target_eta_rate_loss_and_nodes_of_the_running_attempt(live: Any) -> None:
-    """Before: `status NAME --watch` showed no step, target, ETA or tokens/s, and a running
-    attempt showed `nodes 0`."""
-    led, _ = live
+def test_status_shows_step_target_eta_rate_loss_and_nodes_of_the_running_attempt(live: Any, run_cli: Any) -> None:
+    """Before: `status NAME --watch` (and plain `status NAME`) showed no step, target, ETA or
+    tokens/s, and a running attempt showed `nodes 0`."""
+    led, url = live
     d = commands.status_data(led, "live")
     [a] = d["running"]
     assert (a["stage"], a["number"], a["step"], a["target"], a["nodes"]) == ("long-run", 2, 88, 157,
@@ -110,6 +111,12 @@ def test_status_shows_step_target_eta_rate_loss_and_nodes_of_the_running_attempt
     silent = render(watch_view({**d, "running": [{**a, "last_step_age_s": 12.0}]}, 80, 24))
     assert "long-run #2 (relaunch 1): step 88/157 (56%)  no new step for 12.0 s\n" in silent
     assert "  loss 1.8750  45.1K tok  40 ms/step  2 nodes: local-n0, local-n2\n" in text
+    # Plain `campaign status NAME`, as a user types it: the same two lines, above the tables.
+    code, out, err = run_cli("status", "live", "--db", url)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "long-run #2 (relaunch 1): step 88/157 (56%)  eta 0:00:03  12.8K tok/s" in lines
+    assert "  loss 1.8750  45.1K tok  40 ms/step  2 nodes: local-n0, local-n2" in lines
 
 
 def test_the_watch_screen_fits_24x80_and_counts_what_it_leaves_out(live: Any) -> None:
@@ -281,6 +288,66 @@ def test_the_default_plot_is_the_long_run_across_attempts_with_each_relaunch_lab
     assert "demo-run/long-run/lost-1" in by_gid  # steps 41-60 trained twice, shaded
     assert [line.get_label() for line in ax.lines if line.get_gid() in ("demo-run/long-run/1", "demo-run/long-run/2")] \
         == ["attempt 1", "attempt 2 (relaunch 1)"]
+
+
+def test_plot_stage_draws_that_stage_into_its_own_file(demo_url: str, run_cli: Any, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """`campaign plot NAME --stage STAGE` draws that stage (the title names it) into
+    NAME-STAGE-run.png. Before: the file was NAME-run.png whatever --stage, so the chart of
+    another stage overwrote the default chart."""
+    from campaign import commands, plots
+
+    titles: list[str] = []
+    save = plots.save
+    monkeypatch.setattr(plots, "save", lambda fig, path: (titles.append(fig.axes[0].get_title()), save(fig, path))[1])
+    code, out, err = run_cli("plot", "demo-run", "--db", demo_url, "--out", tmp_path)
+    assert code == 0, err
+    default = tmp_path / "demo-run-run.png"
+    assert Path(out.strip()) == default
+    drawn = default.read_bytes()
+    code, out, err = run_cli("plot", "demo-run", "--stage", "scaling", "--db", demo_url, "--out", tmp_path)
+    assert code == 0, err
+    assert Path(out.strip()) == tmp_path / "demo-run-scaling-run.png" and Path(out.strip()).stat().st_size > 10_000
+    assert default.read_bytes() == drawn  # the default chart is still the long run's
+    assert titles == ["Loss vs tokens: demo-run / long-run (2 attempts, 1 relaunch)",
+                      "Loss vs tokens: demo-run / scaling (2 attempts, 0 relaunches)"]
+    code, out, err = run_cli("plot", "demo-run", "--kind", "steps", "--stage", "long-run", "--db", demo_url,
+                             "--out", tmp_path)
+    assert (code, Path(out.strip())) == (0, tmp_path / "demo-run-long-run-steps.png"), err
+    code, _, err = run_cli("plot", "demo-run", "--stage", "nope", "--db", demo_url, "--out", tmp_path)
+    assert code == 2 and "--stage nope: campaign 'demo-run' has the stages smoke, scaling, long-run" in err
+    # Kinds that draw every stage keep one file name; a stage name never leaves --out.
+    assert commands.plot_path(["demo-run"], "goodput", tmp_path, "scaling").name == "demo-run-goodput.png"
+    with pytest.raises(CampaignError, match="--stage: '../x' is not a valid name"):
+        commands.plot_path(["demo-run"], "steps", tmp_path, "../x")
+
+
+def _relaunch(exit_class: ExitClass, *, last_step: int, resume_step: int, rescued: bool = False,
+              excluded: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A `relaunch` event's data as stages/long_run.py writes it after attempt 1."""
+    from campaign.stages import long_run
+
+    return {"resume_step": resume_step, "steps_lost": last_step - resume_step, "exit_class": exit_class,
+            "cause": long_run.relaunch_cause(exit_class), "relaunch": 1, "attempt": 2, "rescued": rescued,
+            "last_step": last_step, "drill": False, "excluded": list(excluded)}
+
+
+@pytest.mark.parametrize(("event", "label"), [
+    (_relaunch(ExitClass.CRASHED_NODE, last_step=60, resume_step=40, excluded=("local-n1",)),
+     "relaunch 1: crash\nexcluded local-n1\n20 steps lost"),
+    (_relaunch(ExitClass.BLOCK_LOST, last_step=55, resume_step=40),
+     "relaunch 1: node lost\n15 steps lost"),
+    (_relaunch(ExitClass.STALLED, last_step=60, resume_step=60, rescued=True, excluded=("local-n1",)),
+     "relaunch 1: hang\nexcluded local-n1\nrescued step 60\n0 steps lost"),
+    (_relaunch(ExitClass.STALLED, last_step=61, resume_step=60, rescued=True),
+     "relaunch 1: hang\nrescued step 60\n1 step lost"),
+], ids=["crash", "node-lost", "rescued", "rescued-one-lost"])
+def test_a_relaunch_label_names_its_cause_the_rescue_and_the_steps_lost(event: dict[str, Any], label: str) -> None:
+    """Issue 40: each relaunch on the campaign's chart is labelled with why (hang, crash, node
+    lost), the rescue that saved its last step, and the steps lost."""
+    from campaign import plots
+
+    assert plots.relaunch_text(event) == label
 
 
 def test_one_relaunch_numbering_in_status_events_plots_and_export(demo: Ledger, demo_url: str, run_cli: Any) -> None:
