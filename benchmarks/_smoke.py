@@ -67,6 +67,8 @@ SMOKES = (
               "stated for 300)"),
     Smoke("rotary.py", ("--reps", "3")),
     Smoke("vs_nanogpt.py", ("--rehearsal", "--steps", "3", "--warmup", "1")),
+    Smoke("float8_vs_bf16.py", ("--rehearsal",)),
+    Smoke("gpu_startup.py", ("--rehearsal",)),
     Smoke("gpu_throughput_in_campaign.py", ("--budget-s", "120",)),
     Smoke("gpu_ddp_allreduce.py", ("--budget-s", "120",)),
     Smoke("gpu_hang_drill.py", ("--budget-s", "120",)),

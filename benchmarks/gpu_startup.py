@@ -17,9 +17,9 @@ compile_scope`: `model`, one graph; `blocks`, one graph per block shared by all 
 
 Per start: the segments of its `startup` event (interpreter, imports, process group, model
 built, compiled = the first step less one steady step) and its steady step (median of the
-steps after the first SKIP). Targets: warm / cold <= 1/3 for the default scope (`auto`: model
-on one rank); per step of `blocks` against `model` is printed, not judged (the default stays
-`model` unless blocks is as fast).
+steps after the first SKIP). Target: warm / cold <= 1/3 for the scope `auto` takes on one rank
+at this shape (blocks from 1e9 parameters: parallelize.BLOCKS_FROM_PARAMS); per step of
+`blocks` against `model` is printed, not judged.
 
     python benchmarks/gpu_startup.py --size 1b --steps 12
     python benchmarks/gpu_startup.py --rehearsal        # tiny, CPU, not compiled: checks the harness
@@ -80,6 +80,17 @@ def config(a: argparse.Namespace, work: Path, scope: str, cache: Path) -> Path:
     path = work / f"trainer-{scope}.json"
     path.write_text(cfg.model_dump_json())
     return path
+
+
+def default_scope(size: str) -> str:
+    """What `compile_scope: auto` takes on one rank for this shape (parallelize.BLOCKS_FROM_PARAMS)."""
+    import torch
+
+    from campaign.train.model import GPT, SHAPES
+    from campaign.train.parallelize import BLOCKS_FROM_PARAMS
+
+    with torch.device("meta"):
+        return "blocks" if GPT(SHAPES[size]).num_params() >= BLOCKS_FROM_PARAMS else "model"
 
 
 def start(a: argparse.Namespace, cfg: Path, run_dir: Path, warm: bool) -> dict[str, Any]:
@@ -146,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         m, b = by[("model", "warm")]["step_s"], by[("blocks", "warm")]["step_s"]
         print(f"per step blocks / model: {b / m:.3f} ({b * 1000:.2f} / {m * 1000:.2f} ms)")
         print(f"start-up blocks / model, cold: {by[('blocks', 'cold')]['startup_s'] / by[('model', 'cold')]['startup_s']:.3f}")
-    default = "model" if "model" in a.scopes else a.scopes.split(",")[0]
+    default = default_scope(a.size)
+    if default not in a.scopes.split(","):
+        default = a.scopes.split(",")[0]
     cold, warm = by[(default, "cold")]["startup_s"], by[(default, "warm")]["startup_s"]
     if a.rehearsal:
         print("rehearsal (tiny, CPU, not compiled): no target judged")

@@ -174,8 +174,10 @@ class TrainConfig(_Strict):
     fused across blocks; the longest compile). `blocks`: each transformer block and the
     output (norm, head, loss) on their own: the blocks share one compiled graph (Dynamo
     traces and Inductor compiles one block, not n_layer), so a start compiles and loads
-    far less, at some cost per step on one rank. `auto`: `model` on one rank, `blocks`
-    with several (DDP's bucket overlap and FSDP2's per-block sharding need the blocks apart)."""
+    far less, at some cost per step on one rank for small models. `auto`: `blocks` with
+    several ranks (DDP's bucket overlap and FSDP2's per-block sharding need the blocks apart),
+    and on one rank from 1e9 parameters (as fast per step there; `model` below it:
+    campaign.train.parallelize.BLOCKS_FROM_PARAMS, with the measurements)."""
     compile_cache: bool = True
     """With `compile`: keep torch.compile's caches (Inductor's FX graphs, AOTAutograd, Triton
     kernels) in the campaign's folder on the shared filesystem (`<campaign>/compile-cache`, one

@@ -5,9 +5,11 @@ place, so state-dict keys do not change), 3. data parallelism: DDP, or FSDP2 (`f
 per block, then the root) with a bf16 MixedPrecisionPolicy on accelerators.
 
 One rank has no gradients to reduce: at world size 1 the model is not wrapped (neither DDP
-nor FSDP2, whichever is configured), it is compiled whole rather than block by block (one
-graph, fused across block boundaries, one guard check per step instead of one per block),
-and bf16 comes from autocast. Measured against nanoGPT on one H200 in
+nor FSDP2, whichever is configured), and bf16 comes from autocast. Below BLOCKS_FROM_PARAMS
+it is compiled whole rather than block by block (one graph, fused across block boundaries,
+one guard check per step instead of one per block: faster steps at gpt2-124m); from there on
+block by block (`compile_scope: auto`), which compiles one block's graph for all of them: a
+start, and each relaunch, compiles and loads far less at the same step time. Measured against nanoGPT on one H200 in
 benchmarks/vs_nanogpt.py. With several ranks, blocks are compiled one by one: DDP overlaps
 each bucket's all-reduce with the backward of the blocks before it only if each block's
 backward is its own autograd node, and FSDP2 shards per block (torchtitan does the same).
@@ -77,6 +79,14 @@ def _timed_allreduce_hook(timer, bucket):  # no annotations: DDP checks them as 
     return work.get_future().then(done)
 
 
+BLOCKS_FROM_PARAMS = 1_000_000_000
+"""`compile_scope: auto` on one rank compiles block by block from this many parameters, the whole
+model below it. Measured on one H100 (docs/performance.md, "Start-up cuts"): at 1b (1.3 B
+parameters) blocks stepped as fast as the whole model (0.993x) and started in 19.6 s instead of
+44.0 s cold, 6.3 s instead of 21.9 s forked with the cache; at gpt2-124m blocks stepped 1.6%
+slower (446,273 against 453,233 tokens/s), which a long run pays on every step."""
+
+
 @dataclass
 class Parallel:
     """The model as the loop runs it."""
@@ -104,7 +114,8 @@ def parallelize(model: nn.Module, *, parallelism: str, device: torch.device, com
         model.activation_checkpointing = True
     # 2. Compile: the whole model (one rank, scope model/auto), or each block in place
     #    (nn.Module.compile keeps parameter names) and the output (norm, head, loss).
-    whole = world == 1 and compile_scope != "blocks"
+    whole = world == 1 and (compile_scope == "model" or (
+        compile_scope == "auto" and sum(p.numel() for p in model.parameters()) < BLOCKS_FROM_PARAMS))
     if compile and whole:
         model.compile()
     elif compile:

@@ -157,6 +157,19 @@ def test_compile_scope_picks_what_one_graph_covers(scope, world, whole):
     assert ("output" not in vars(model)) is whole  # the blocks' form compiles the output (norm, head, loss) apart
 
 
+def test_compile_scope_auto_takes_blocks_on_one_rank_from_a_billion_parameters(monkeypatch):
+    """The tiny model stands in for a large one: the threshold is lowered below its size."""
+    from campaign.train import parallelize as P
+    from campaign.train.model import GPT, SHAPES
+
+    monkeypatch.setattr(P, "BLOCKS_FROM_PARAMS", 1)
+    model = GPT(SHAPES["tiny"])
+    P.parallelize(model, parallelism="ddp", device=torch.device("cpu"), compile=True, activation_checkpointing=False,
+                  bf16=False, world_size=1, compile_scope="auto")
+    assert model._compiled_call_impl is None and all(b._compiled_call_impl is not None for b in model.blocks)
+    assert P.BLOCKS_FROM_PARAMS < GPT(SHAPES["tiny"]).num_params()
+
+
 def test_prefetched_batches_are_the_batches_a_step_would_read():
     src = data.MarkovSource(vocab=64, branching=4, seed=3)
     ahead = data.Sampler(src, 16, 2, rank=1, world=2, grad_accum=2, device=torch.device("cpu"))
