@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -89,6 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         if torch.cuda.get_device_capability() < (8, 9):
             skip("float8 needs compute capability 8.9 or newer")
     work = Path(tempfile.mkdtemp(prefix="float8-"))
+    try:
+        return _measure(a, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _measure(a: argparse.Namespace, work: Path) -> int:
     if a.rehearsal:
         a.steps = 4
         f8 = run(a, work, "float8")

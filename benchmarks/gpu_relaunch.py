@@ -94,7 +94,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = h.parser(__doc__, size="gpt2-124m", micro_batch=0, budget_s=560.0)
     p.add_argument("--sizes", default="gpt2-124m,1b", help="shapes, comma-separated (in this order)")
     p.add_argument("--compile-scope", default="auto", choices=["auto", "model", "blocks"],
-                   help="trainer.compile_scope of every campaign and the bare run (auto: model on one rank)")
+                   help="trainer.compile_scope of every campaign and the bare run (auto: one rank compiles the whole model below 1e9 parameters, else the blocks)")
     p.add_argument("--cuts", default=None, help="shapes that also run `no cache` and `cold start`, comma-separated, "
                    "or none (default: gpt2-124m; tiny in the rehearsal)")
     p.add_argument("--stages-at", default="tiny,gpt2-124m,1b",

@@ -24,7 +24,7 @@ at this shape (blocks from 1e9 parameters: parallelize.BLOCKS_FROM_PARAMS); per 
     python benchmarks/gpu_startup.py --size 1b --steps 12
     python benchmarks/gpu_startup.py --rehearsal        # tiny, CPU, not compiled: checks the harness
 
-Writes startup.csv and summary.json to --out (default $OUT, else ./gpu-startup-out).
+Writes startup.csv and summary.json to --out (default $OUT; neither: only the table is printed).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -63,7 +64,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     a = p.parse_args(argv)
     if a.rehearsal:
         a.size, a.steps = "tiny", max(a.steps, SKIP + 3) if a.steps != 12 else 6
-    a.out = a.out or Path(os.environ.get("OUT") or "gpu-startup-out")
+    a.out = a.out or (Path(os.environ["OUT"]) if os.environ.get("OUT") else None)
     return a
 
 
@@ -121,8 +122,14 @@ def main(argv: list[str] | None = None) -> int:
 
         if not torch.cuda.is_available():
             skip("no CUDA device (use --rehearsal on CPU)")
-    a.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="gpu-startup-"))
+    try:
+        return _measure(a, work)
+    finally:  # two compile caches and the run folders: gigabytes at 1b
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _measure(a: argparse.Namespace, work: Path) -> int:
     rows: list[dict[str, Any]] = []
     for scope in a.scopes.split(","):
         cache = work / f"cache-{scope}"
@@ -134,13 +141,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{scope:7s} {label:20s} exit {r['exit_code']} start-up {r['startup_s']:7.2f} s  "
                   f"step {r['step_s'] * 1000:8.2f} ms  " + "  ".join(f"{k} {v:.2f}" for k, v in r["segments"].items()),
                   flush=True)
-    with open(a.out / "startup.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["scope", "start", "exit_code", "warm", "startup_s", "step_ms", *SEGMENTS])
-        for r in rows:
-            w.writerow([r["scope"], r["start"], r["exit_code"], r["warm"], r["startup_s"], round(r["step_s"] * 1000, 3),
-                        *(round(r["segments"].get(k, 0.0), 3) for k in SEGMENTS)])
-    (a.out / "summary.json").write_text(json.dumps(rows, indent=1))
+    if a.out is not None:
+        a.out.mkdir(parents=True, exist_ok=True)
+        with open(a.out / "startup.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["scope", "start", "exit_code", "warm", "startup_s", "step_ms", *SEGMENTS])
+            for r in rows:
+                w.writerow([r["scope"], r["start"], r["exit_code"], r["warm"], r["startup_s"],
+                            round(r["step_s"] * 1000, 3), *(round(r["segments"].get(k, 0.0), 3) for k in SEGMENTS)])
+        (a.out / "summary.json").write_text(json.dumps(rows, indent=1))
     print(f"\n{'scope':7s} {'start':20s} {'start-up s':>10s} {'step ms':>9s} " + " ".join(f"{s[:9]:>9s}" for s in SEGMENTS))
     for r in rows:
         print(f"{r['scope']:7s} {r['start']:20s} {r['startup_s']:10.2f} {r['step_s'] * 1000:9.2f} "

@@ -171,7 +171,8 @@ class TrainConfig(_Strict):
     """Wrap the model in torch.compile."""
     compile_scope: Literal["auto", "model", "blocks"] = "auto"
     """With `compile`, what one compiled graph covers. `model`: the whole model (one graph,
-    fused across blocks; the longest compile). `blocks`: each transformer block and the
+    fused across blocks; the longest compile); one rank only: with several ranks the blocks
+    are compiled apart whatever this says. `blocks`: each transformer block and the
     output (norm, head, loss) on their own: the blocks share one compiled graph (Dynamo
     traces and Inductor compiles one block, not n_layer), so a start compiles and loads
     far less, at some cost per step on one rank for small models. `auto`: `blocks` with

@@ -106,7 +106,8 @@ def parallelize(model: nn.Module, *, parallelism: str, device: torch.device, com
                 activation_checkpointing: bool, bf16: bool, world_size: int | None = None,
                 compile_scope: str = "auto") -> Parallel:
     """`model` must already be on `device`; `world_size` defaults to the process group's.
-    `compile_scope` (TrainConfig's): "model", "blocks" or "auto" (model on one rank)."""
+    `compile_scope` (TrainConfig's): "model" (one rank only: with several the blocks are always
+    compiled apart), "blocks", or "auto" (one rank: model below BLOCKS_FROM_PARAMS, else blocks)."""
     timer = CommTimer()
     world = world_size if world_size is not None else dist.get_world_size()
     # 1. Activation checkpointing: each block's activations are recomputed in backward.
