@@ -24,6 +24,7 @@ from campaign.ledger import open_ledger, reads
 from campaign.progress import Progress
 from campaign.runner import run_in_thread
 from campaign.spec import CampaignSpec
+from tb_file import scalars, texts
 
 pytest.importorskip("tensorboard")
 pytest.importorskip("wandb")
@@ -65,29 +66,6 @@ def ledger_steps(engine: Engine) -> dict[int, dict[int, float]]:
         for row in reads.iter_campaign_steps(s, c):
             out.setdefault(row["attempt"], {})[row["step"]] = row["loss"]
         return out
-
-
-def accumulate(folder: Path) -> Any:
-    from tensorboard.backend.event_processing.event_accumulator import TENSORS, EventAccumulator
-
-    acc = EventAccumulator(str(folder), size_guidance={TENSORS: 0})  # keep every point
-    acc.Reload()
-    return acc
-
-
-def scalars(folder: Path, tag: str) -> dict[int, float]:
-    from tensorboard.util import tensor_util
-
-    return {e.step: float(tensor_util.make_ndarray(e.tensor_proto)) for e in accumulate(folder).Tensors(tag)}
-
-
-def texts(folder: Path) -> dict[str, list[str]]:
-    """tag -> texts, in step (ledger event id) order."""
-    from tensorboard.util import tensor_util
-
-    acc = accumulate(folder)
-    return {tag: [tensor_util.make_ndarray(e.tensor_proto).item().decode() for e in acc.Tensors(tag)]
-            for tag in acc.Tags()["tensors"]}
 
 
 def test_a_drilled_long_run_leaves_tensorboard_wandb_and_notifications(tmp_path: Path, webhook: Any) -> None:

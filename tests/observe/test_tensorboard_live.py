@@ -13,20 +13,7 @@ import pytest
 pytest.importorskip("tensorboard")
 
 from campaign.observe.tensorboard import TensorBoard  # noqa: E402
-
-
-def _read(folder: Path) -> Any:
-    from tensorboard.backend.event_processing.event_accumulator import TENSORS, EventAccumulator
-
-    acc = EventAccumulator(str(folder), size_guidance={TENSORS: 0})  # keep every point
-    acc.Reload()
-    return acc
-
-
-def _scalars(folder: Path, tag: str) -> dict[int, float]:
-    from tensorboard.util import tensor_util
-
-    return {e.step: float(tensor_util.make_ndarray(e.tensor_proto)) for e in _read(folder).Tensors(tag)}
+from tb_file import accumulate, scalars  # noqa: E402
 
 
 def _row(step: int) -> dict[str, Any]:
@@ -40,13 +27,13 @@ def test_steps_and_events_are_in_the_files_before_close(tmp_path: Path) -> None:
         tb.steps("long", 1, [_row(s) for s in (1, 2, 3)])
         run = tmp_path / "tb" / "live" / "long" / "attempt-1"
         assert run.is_dir(), "nothing written before close()"
-        assert _scalars(run, "loss") == pytest.approx({1: 4.9, 2: 4.8, 3: 4.7})
+        assert scalars(run, "loss") == pytest.approx({1: 4.9, 2: 4.8, 3: 4.7})
         for tag in ("lr", "tokens", "tokens_per_s", "step_time_s", "mem_peak_gib"):
-            assert sorted(_scalars(run, tag)) == [1, 2, 3], tag
+            assert sorted(scalars(run, tag)) == [1, 2, 3], tag
 
         # The next batch, still open: a reader polling the folder sees it too.
         tb.steps("long", 1, [_row(4)])
-        assert sorted(_scalars(run, "loss")) == [1, 2, 3, 4]
+        assert sorted(scalars(run, "loss")) == [1, 2, 3, 4]
 
         now = dt.datetime.now(dt.timezone.utc).isoformat()
         tb.events([{"id": 7, "kind": "relaunch", "message": "relaunch 1 (attempt 2) after crashed_node",
@@ -54,7 +41,7 @@ def test_steps_and_events_are_in_the_files_before_close(tmp_path: Path) -> None:
                     "attempt": 1, "time": now}])
         from tensorboard.util import tensor_util
 
-        [text] = _read(tmp_path / "tb" / "live" / "long" / "events").Tensors("relaunch")
+        [text] = accumulate(tmp_path / "tb" / "live" / "long" / "events").Tensors("relaunch")
         assert text.step == 7
         assert "after crashed_node" in tensor_util.make_ndarray(text.tensor_proto).item().decode()
     finally:
@@ -76,8 +63,8 @@ def test_the_driver_s_tensorboard_sink_is_live_too(tmp_path: Path) -> None:
     try:
         sink.steps("long", 1, [_row(s) for s in (1, 2)])
         run, deadline = tmp_path / "tb" / "live" / "long" / "attempt-1", time.monotonic() + 4  # under flush_secs
-        while not (run.is_dir() and len(_scalars(run, "loss")) == 2) and time.monotonic() < deadline:
+        while not (run.is_dir() and len(scalars(run, "loss")) == 2) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert run.is_dir() and sorted(_scalars(run, "loss")) == [1, 2], "not in the files while the driver runs"
+        assert run.is_dir() and sorted(scalars(run, "loss")) == [1, 2], "not in the files while the driver runs"
     finally:
         assert sink.close() == [f"TensorBoard: tensorboard --logdir {tmp_path / 'tb'}"]
