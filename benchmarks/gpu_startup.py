@@ -88,10 +88,10 @@ def default_scope(size: str) -> str:
     import torch
 
     from campaign.train.model import GPT, SHAPES
-    from campaign.train.parallelize import BLOCKS_FROM_PARAMS
+    from campaign.train.parallelize import compiles_whole
 
     with torch.device("meta"):
-        return "blocks" if GPT(SHAPES[size]).num_params() >= BLOCKS_FROM_PARAMS else "model"
+        return "model" if compiles_whole(GPT(SHAPES[size]).num_params(), 1, "auto") else "blocks"
 
 
 def start(a: argparse.Namespace, cfg: Path, run_dir: Path, warm: bool) -> dict[str, Any]:

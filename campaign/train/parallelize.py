@@ -87,6 +87,11 @@ parameters) blocks stepped as fast as the whole model (0.993x) and started in 19
 slower (446,273 against 453,233 tokens/s), which a long run pays on every step."""
 
 
+def compiles_whole(n_params: int, world: int, compile_scope: str) -> bool:
+    """Whether `parallelize` compiles the model as one graph (else block by block)."""
+    return world == 1 and (compile_scope == "model" or (compile_scope == "auto" and n_params < BLOCKS_FROM_PARAMS))
+
+
 @dataclass
 class Parallel:
     """The model as the loop runs it."""
@@ -115,8 +120,7 @@ def parallelize(model: nn.Module, *, parallelism: str, device: torch.device, com
         model.activation_checkpointing = True
     # 2. Compile: the whole model (one rank, scope model/auto), or each block in place
     #    (nn.Module.compile keeps parameter names) and the output (norm, head, loss).
-    whole = world == 1 and (compile_scope == "model" or (
-        compile_scope == "auto" and sum(p.numel() for p in model.parameters()) < BLOCKS_FROM_PARAMS))
+    whole = compiles_whole(sum(p.numel() for p in model.parameters()), world, compile_scope)
     if compile and whole:
         model.compile()
     elif compile:
