@@ -26,6 +26,11 @@ if TYPE_CHECKING:
 
 TERM_GRACE_S = 5.0
 """Between SIGTERM and SIGKILL when the supervisor stops a launch."""
+STALL_GRACE_S = 1.0
+"""The same after a stall: a hung rank cannot act on SIGTERM (a rank inside a collective or a
+kernel runs no signal handler until the call returns), and what a deadline's SIGTERM would
+save, the rescue checkpoint has saved or could not. Measured in the goodput benchmark: every
+stalled launch of ours ran out the full 5 s and was SIGKILLed (exit 137)."""
 
 
 class Failure(NamedTuple):
@@ -112,10 +117,10 @@ class _Launch:
                 except ProcessLookupError:
                     pass
 
-    def stop(self, now: Callable[[], float]) -> None:
-        """SIGTERM every process group, then SIGKILL whatever is left after a grace period."""
+    def stop(self, now: Callable[[], float], grace_s: float = TERM_GRACE_S) -> None:
+        """SIGTERM every process group, then SIGKILL whatever is left after `grace_s`."""
         self.signal(signal.SIGTERM)
-        deadline = now() + TERM_GRACE_S
+        deadline = now() + grace_s
         while not self.done and now() < deadline:
             time.sleep(0.1)
             self.poll(now())

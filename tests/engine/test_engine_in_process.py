@@ -195,6 +195,44 @@ def test_a_stalled_stdout_trainer_is_stopped_without_blaming_its_node_for_missin
     assert "no new step" in rep["stall"]
 
 
+_DEAF_TO_SIGTERM = ("import os, signal\n"
+                    "def noted(*_):\n"
+                    "    open(os.environ['CAMPAIGN_RUN_DIR'] + '/sigterm-at', 'w').write(repr(time.time()))\n"
+                    "signal.signal(signal.SIGTERM, noted)\n")
+"""A trainer that notes when SIGTERM came and goes on (as a rank stuck in a collective does)."""
+
+
+def _sigterm_to_sigkill_s(tmp_path: Path, ended: float) -> float:
+    return ended - float((tmp_path / "attempt-001" / "sigterm-at").read_text())
+
+
+def test_a_stalled_launch_is_killed_one_short_grace_after_sigterm(tmp_path: Path) -> None:
+    """A hung rank cannot act on SIGTERM; the goodput benchmark's stalled launches each ran out
+    the full 5 s grace before the SIGKILL. After a stall the grace is STALL_GRACE_S."""
+    from campaign.supervisor.launch import STALL_GRACE_S, TERM_GRACE_S
+
+    rep = _supervise_stdout_script(
+        tmp_path, _DEAF_TO_SIGTERM + "for s in (1, 2, 3):\n    print(f'iter {s}: loss 2.0', flush=True)\n"
+        "    time.sleep(0.2)\nwhile True:\n    time.sleep(600)\n", steps=5, timeout_s=60,
+        policy=WatchdogPolicy(startup_s=20, floor_s=2.0, warmup_steps=0, warmup_s=2.0, drill_s=0))
+    took = _sigterm_to_sigkill_s(tmp_path, time.time())
+    assert (rep["exit_class"], rep["exit_code"]) == ("stalled", 124), rep
+    assert STALL_GRACE_S - 0.1 <= took < TERM_GRACE_S - 1, took
+
+
+def test_a_hard_timeout_gives_a_working_trainer_the_full_grace(tmp_path: Path) -> None:
+    """A trainer still stepping at its timeout may be saving on SIGTERM: it keeps TERM_GRACE_S."""
+    from campaign.supervisor.launch import TERM_GRACE_S
+
+    rep = _supervise_stdout_script(
+        tmp_path, _DEAF_TO_SIGTERM + "for s in range(1, 1000):\n    print(f'iter {s}: loss 2.0', flush=True)\n"
+        "    time.sleep(0.1)\n", steps=999, timeout_s=3,
+        policy=WatchdogPolicy(startup_s=20, floor_s=5.0, warmup_steps=0, warmup_s=5.0, drill_s=0))
+    took = _sigterm_to_sigkill_s(tmp_path, time.time())
+    assert rep["exit_class"] == "timed_out", rep
+    assert took >= TERM_GRACE_S - 0.1, took
+
+
 def test_a_trainer_counting_from_0_reaches_its_last_step_and_ends_when_its_read_rank_does(tmp_path: Path) -> None:
     """Found when issues 27 and 30 met: CAMPAIGN_MAX_STEPS is in the trainer's numbering (4 for
     5 steps from 0), the rows in the ledger's (5); the row of the last step was taken for one
