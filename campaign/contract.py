@@ -126,6 +126,14 @@ def rescue(trainer: TrainConfig, launcher: str) -> bool:
     return trainer.rescue is True or launcher in RESCUE_LAUNCHERS
 
 
+def rescue_covers(trainer: TrainConfig, launcher: str, ranks: int) -> bool:
+    """Whether a launch of `ranks` ranks can save a rescue checkpoint after one rank's fault:
+    its trainer answers rescue requests (`rescue`) and another rank holds the whole state
+    (DDP on 2+ ranks, not XPU: `campaign.train.rescue.supported`; FSDP shards it). Where it
+    cannot, no history of rescued faults lengthens its checkpoint interval."""
+    return rescue(trainer, launcher) and ranks >= 2 and trainer.parallelism == "ddp" and trainer.device != "xpu"
+
+
 def _expand(arg: str, values: dict[str, str]) -> str:
     return arg.format_map(values)
 

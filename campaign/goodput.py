@@ -215,9 +215,11 @@ def public(g: dict[str, Any] | None) -> dict[str, Any]:
     return {"wall_s": g["wall_s"], "productive_s": g["productive_s"], "ettr": g["ettr"], "lost": dict(g["lost"])}
 
 
-def add_to_summary(s: Session, c: Campaign, out: dict[str, Any]) -> dict[str, Any]:
+def add_to_summary(s: Session, c: Campaign, out: dict[str, Any], *,
+                   rescue_covers: Callable[[int], bool]) -> dict[str, Any]:
     """Add "goodput" to a `status --json` summary: the campaign's, each stage's, and the
-    checkpoint interval Young/Daly suggests for each long run."""
+    checkpoint interval Young/Daly suggests for each long run (`rescue_covers(nodes)`: whether
+    its launch on that many nodes can rescue, `contract.rescue_covers`)."""
     out["goodput"] = public(c.goodput)
     runs = {r.name: r for r in c.stage_runs if r.version == c.version}
     spec_stages = {st.get("name"): st for st in (c.spec_json or {}).get("stages", [])}
@@ -227,7 +229,8 @@ def add_to_summary(s: Session, c: Campaign, out: dict[str, Any]) -> dict[str, An
         st["checkpoint_interval"] = None
         if _periodic_checkpoints(st["kind"]):
             sp = spec_stages.get(st["name"]) or {}
-            sug = suggest_interval(s, c, nodes=sp.get("nodes") or (c.spec_json.get("site") or {}).get("nodes") or 1,
+            nodes = sp.get("nodes") or (c.spec_json.get("site") or {}).get("nodes") or 1
+            sug = suggest_interval(s, c, nodes=nodes, rescue=rescue_covers(nodes),
                                    mtbf_s=sp.get("mtbf_s"))
             st["checkpoint_interval"] = sug.as_dict() if sug else None
     return out
@@ -266,24 +269,29 @@ class Suggestion:
     source: str
     rescued: tuple[int, int] = (0, 0)
     """(faults a rescue checkpoint covered, faults) in the site's history."""
+    rescue: bool = False
+    """Whether the stage's launch can save a rescue checkpoint (`contract.rescue_covers`)."""
 
     @property
     def unrescued_mtbf_s(self) -> float:
         """The MTBF the interval was computed for (`unrescued_mtbf`)."""
-        return unrescued_mtbf(self.mtbf_s, *self.rescued)
+        return unrescued_mtbf(self.mtbf_s, *self.rescued, rescue=self.rescue)
 
     def as_dict(self) -> dict[str, Any]:
         out = {"steps": self.steps, "interval_s": round(self.interval_s, 2), "save_s": round(self.save_s, 3),
                "mtbf_s": round(self.mtbf_s, 1), "step_s": round(self.step_s, 4), "source": self.source}
-        if self.rescued[0]:
+        if self.rescue:
             out.update(rescued=list(self.rescued), unrescued_mtbf_s=round(self.unrescued_mtbf_s, 1))
         return out
 
 
-def suggest_interval(s: Session, c: Campaign, *, nodes: int, mtbf_s: float | None = None) -> Suggestion | None:
+def suggest_interval(s: Session, c: Campaign, *, nodes: int, rescue: bool,
+                     mtbf_s: float | None = None) -> Suggestion | None:
     """Young/Daly from the ledger: the save stall and step time of this campaign's attempts
     (else this site's), and `mtbf_s` if stated, else the site's failure rate scaled to
-    `nodes`. None while the save cost, the step time or the failure rate is unknown."""
+    `nodes`; `rescue`: whether the stage's launch can save a rescue checkpoint
+    (`contract.rescue_covers`), so that only the faults no rescue covers count. None while the
+    save cost, the step time or the failure rate is unknown."""
     hist = site_history(s, c.site)
     own = [g for cid, g in hist if cid == c.id]
     save = _median(g.get("save_s") for g in own) or _median(g.get("save_s") for _, g in hist)
@@ -291,17 +299,21 @@ def suggest_interval(s: Session, c: Campaign, *, nodes: int, mtbf_s: float | Non
     mtbf, source = (mtbf_s, "stated mtbf_s") if mtbf_s else (job_mtbf([g for _, g in hist], nodes), "site history")
     if not save or not step or not mtbf:
         return None
-    faults, rescued = rescue_cover([g for _, g in hist])
-    interval = daly_interval(save, unrescued_mtbf(mtbf, rescued, faults))
-    return Suggestion(max(1, round(interval / step)), interval, save, mtbf, step, source, (rescued, faults))
+    faults, rescued = rescue_cover([g for _, g in hist]) if rescue else (0, 0)
+    interval = daly_interval(save, unrescued_mtbf(mtbf, rescued, faults, rescue=rescue))
+    return Suggestion(max(1, round(interval / step)), interval, save, mtbf, step, source, (rescued, faults), rescue)
 
 
-def unrescued_mtbf(mtbf_s: float, rescued: int, faults: int) -> float:
-    """The MTBF of the faults no rescue covered: what Young/Daly trades a save against (a
+def unrescued_mtbf(mtbf_s: float, rescued: int, faults: int, *, rescue: bool = True) -> float:
+    """The MTBF of the faults no rescue covers: what Young/Daly trades a save against (a
     checkpoint saves the work a fault would cost, and after a rescued fault that is none).
-    At least one uncovered fault is counted: a history of rescued faults only is no proof
-    that every fault will be."""
-    return mtbf_s * faults / max(faults - rescued, 1) if faults else mtbf_s
+    The share of faults left uncovered is estimated by Laplace's rule of succession,
+    (faults - rescued + 1) / (faults + 2): one half before any fault is seen, and never 0
+    however many were rescued, so a history of rescued faults only is no proof that every
+    fault will be. A launch that cannot rescue (`rescue` False) has every fault uncovered."""
+    if not rescue:
+        return mtbf_s
+    return mtbf_s * (faults + 2) / (faults - rescued + 1)
 
 
 def rescue_cover(history: Sequence[dict[str, Any]]) -> tuple[int, int]:

@@ -10,6 +10,7 @@ checkpoint interval Young/Daly suggests) is added here, so the ledger's reads ne
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -28,7 +29,22 @@ def summarize_campaign(s: Session, c: Campaign) -> dict[str, Any]:
     ]
     excluded = sorted({e.node for e in reads.list_exclusions(s, c.site, for_campaign=c.id)})
     out = {"name": c.name, "state": c.state, "stages": stages, "excluded_nodes": excluded}
-    return goodput.add_to_summary(s, c, out)
+    return goodput.add_to_summary(s, c, out, rescue_covers=_rescue_covers(c))
+
+
+def _rescue_covers(c: Campaign) -> Callable[[int], bool]:
+    """`contract.rescue_covers` for the campaign's stored spec, by node count (never, where
+    the stored spec no longer validates)."""
+    from pydantic import ValidationError
+
+    from campaign import contract
+    from campaign.spec import CampaignSpec
+
+    try:
+        spec = CampaignSpec.model_validate(c.spec_json or {})
+    except ValidationError:
+        return lambda nodes: False
+    return lambda nodes: contract.rescue_covers(spec.trainer, spec.site.launcher, nodes * spec.site.ranks_per_node)
 
 
 def describe_campaign(s: Session, c: Campaign, *, events: int = 10) -> dict[str, Any]:

@@ -435,7 +435,9 @@ def test_goodput_after_an_upgrade_from_0002(ledger_url: str) -> None:
 
 def test_faults_a_rescue_covered_lengthen_the_suggested_checkpoint_interval(ledger: Ledger) -> None:
     """Young/Daly trades a save against the work a fault costs; after a rescued fault that is
-    none, so the interval follows the faults no rescue covered (at least one counted)."""
+    none, so the interval follows the faults no rescue covers, their share estimated by
+    Laplace's rule of succession ((uncovered + 1) / (faults + 2)); a launch that cannot rescue
+    (one rank, FSDP, rescue off) gets no credit from the same history."""
     _new_campaign(ledger, stages=(("long", "long_run"),))
 
     def fault(rescue: dict[str, Any] | None) -> None:
@@ -452,21 +454,24 @@ def test_faults_a_rescue_covered_lengthen_the_suggested_checkpoint_interval(ledg
             a.finished = a.started + dt.timedelta(seconds=100.0)
             goodput.record_attempt(s, a, [{"event": "checkpoint_saved", "step": 2, "seconds": 1.0}])
 
-    def suggested() -> goodput.Suggestion:
+    def suggested(rescue: bool = True) -> goodput.Suggestion:
         with ledger.session() as s:
-            sug = goodput.suggest_interval(s, reads.get_campaign(s, "demo"), nodes=2, mtbf_s=400.0)
+            sug = goodput.suggest_interval(s, reads.get_campaign(s, "demo"), nodes=2, rescue=rescue, mtbf_s=400.0)
             assert sug is not None
             return sug
 
     fault({"saved": False, "why": "no surviving rank outside the suspect nodes"})
-    plain = suggested()
-    assert plain.rescued == (0, 1) and plain.unrescued_mtbf_s == 400.0 and "rescued" not in plain.as_dict()
+    plain = suggested()  # 0 of 1 rescued: 2/3 of faults uncovered
+    assert plain.rescued == (0, 1) and plain.unrescued_mtbf_s == pytest.approx(600.0)
     fault({"saved": True, "step": 3, "rank": 0})
     fault({"saved": False, "covered": True, "step": 2, "why": "step 2 is already covered by a complete checkpoint"})
     sug = suggested()
-    assert sug.rescued == (2, 3) and sug.unrescued_mtbf_s == pytest.approx(1200.0)  # 3 faults, 1 not rescued
-    assert sug.interval_s == pytest.approx(goodput.daly_interval(sug.save_s, 1200.0))
+    assert sug.rescued == (2, 3) and sug.unrescued_mtbf_s == pytest.approx(1000.0)  # 3 faults, 1 not rescued: 2/5
+    assert sug.interval_s == pytest.approx(goodput.daly_interval(sug.save_s, 1000.0))
     assert sug.as_dict()["rescued"] == [2, 3] and sug.steps > plain.steps
+    cannot = suggested(rescue=False)  # the same history, a launch that cannot rescue: every fault counts
+    assert cannot.rescued == (0, 0) and cannot.unrescued_mtbf_s == 400.0 and "rescued" not in cannot.as_dict()
+    assert cannot.interval_s == pytest.approx(goodput.daly_interval(cannot.save_s, 400.0)) and cannot.steps < plain.steps
 
 
 # --- out-of-date schemas ---------------------------------------------------------------

@@ -308,3 +308,17 @@ def test_rescue_is_on_by_default_behind_the_launchers_that_pass_sigusr1_on() -> 
         == {"local": True, "srun": True, "mpich": True, "pals": False, "torchrun": False}
     assert contract.rescue(TrainConfig(rescue=True), "pals") and not contract.rescue(TrainConfig(rescue=False), "srun")
     assert not contract.rescue(TrainConfig(command=["python", "t.py"]), "srun")
+
+
+def test_a_rescue_covers_a_fault_only_where_another_rank_holds_the_whole_state() -> None:
+    """What lengthens a long run's checkpoint interval after rescued faults (goodput.suggest_interval):
+    the trainer answers rescue requests and a second rank holds a replica (DDP, 2+ ranks, not
+    XPU), as campaign.train.rescue.supported requires on the trainer's side."""
+    from campaign.train.config import TrainConfig
+
+    auto = TrainConfig()
+    assert contract.rescue_covers(auto, "srun", 2) and contract.rescue_covers(auto, "local", 8)
+    assert not contract.rescue_covers(auto, "srun", 1)  # one rank: no peer to save
+    assert not contract.rescue_covers(TrainConfig(parallelism="fsdp"), "srun", 8)  # sharded: no rank holds it all
+    assert not contract.rescue_covers(TrainConfig(device="xpu"), "local", 8)
+    assert not contract.rescue_covers(auto, "pals", 8) and not contract.rescue_covers(TrainConfig(rescue=False), "srun", 8)
