@@ -431,7 +431,8 @@ def main() -> None:
             print(f"site {args.site}: model {setup.model}, {setup.nodes} active node(s) x 1 rank, "
                   f"micro-batch {setup.micro_batch}")
             how = (f"checkpoint every {args.checkpoint_every} steps" if args.checkpoint_every else
-                   f"checkpoint_every auto (mtbf_s {args.mean_steps * step_s:.0f}: {every} steps before any rescue)")
+                   f"checkpoint_every auto (mtbf_s {args.mean_steps * step_s:.0f}: {every} steps if no fault were rescued; "
+                   "each long run recomputes it before each launch)")
             print(f"step {step_s:.3f} s, checkpoint save stall {save_s:.3f} s -> {how}; "
                   f"{len(faults)} faults: " + ", ".join(f"{f['kind']}@{f['step']}/{'r' + str(f['rank']) if 'rank' in f else f['node']}" for f in faults))
             print(f"seeds {', '.join(map(str, seeds))}" + (f" (redrawn: seed(s) {', '.join(map(str, skipped))} drew no "

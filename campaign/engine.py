@@ -25,7 +25,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from campaign import goodput, observe, stages
+from campaign import contract, goodput, observe, stages
 from campaign.attempt import version_root
 from campaign.block import Block
 from campaign.errors import CampaignConflict, CampaignError, LeaseLost, LedgerError, WorkdirError
@@ -70,7 +70,8 @@ class Engine:
         self.campaign_dir = self.workdir / spec.name
         self.run_root = self.campaign_dir
         self.progress = progress or Progress()
-        self.block = Block(spec.site, self.campaign_dir, record=self.record_block_event, runner=runner)
+        self.block = Block(spec.site, self.campaign_dir, record=self.record_block_event, runner=runner,
+                           warm=contract.warm_start(spec.trainer, spec.site.launcher))
         self.observer = observe.for_campaign(spec, self.campaign_dir, self.spec_dir, warn=self.progress.event,
                                              tensorboard=tensorboard)
         """Where steps and committed events go besides the ledger (`campaign.observe`; null if none)."""

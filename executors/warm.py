@@ -22,7 +22,9 @@ client relays what happens both ways:
 
 The first launch on a node pays the import once (the server's); every later launch in the
 same scope reuses it. A scope is one block: `CAMPAIGN_WARM_SCOPE`, else the scheduler's job
-id, else the host. The server exits when idle for `CAMPAIGN_WARM_IDLE_S` (300 s). When
+id, else the host. On the local site the driver is the block's host: it starts the server
+itself (`prestart`, scope `driver_environment`) before it loads Parsl, so the import runs
+while the block starts. The server exits when idle for `CAMPAIGN_WARM_IDLE_S` (300 s). When
 `CAMPAIGN_WARM_PARENT` (`host:pid`, the block's process on this host) is gone it drains:
 no new launch is served, running ranks finish (as cold ones would), then it exits. A server that does
 not fork a client's child within `CAMPAIGN_WARM_ACK_S` (10 s) is taken for hung: the client
@@ -129,12 +131,39 @@ def scope(env: dict[str, str]) -> str:
 
 def launch_environment() -> dict[str, str]:
     """Scope and lifetime of the servers a launch from this process may start: the block (on
-    a Parsl worker, its worker pool, which lives as long as the block; else this process)."""
+    a Parsl worker, its worker pool, which lives as long as the block; else this process), or
+    the scope this process was handed (`driver_environment`: the local site's driver, which
+    started the server before its block was up)."""
+    if os.environ.get("CAMPAIGN_WARM_SCOPE") and os.environ.get("CAMPAIGN_WARM_PARENT"):
+        return {k: os.environ[k] for k in ("CAMPAIGN_WARM_SCOPE", "CAMPAIGN_WARM_PARENT")}
     host = socket.gethostname()
     pool = os.environ.get("PARSL_WORKER_POOL_ID")
     owner = os.getppid() if pool else os.getpid()
     scope = _job_id(dict(os.environ)) or f"{host}-{pool or 'driver'}-{owner}"
     return {"CAMPAIGN_WARM_SCOPE": scope, "CAMPAIGN_WARM_PARENT": f"{host}:{owner}"}
+
+
+def driver_environment() -> dict[str, str]:
+    """The scope of a driver whose block runs on its own host (the local site): the driver's
+    blocks share one server per key, which drains when the driver is gone."""
+    host = socket.gethostname()
+    return {"CAMPAIGN_WARM_SCOPE": f"{host}-driver-{os.getpid()}", "CAMPAIGN_WARM_PARENT": f"{host}:{os.getpid()}"}
+
+
+def prestart(env: dict[str, str]) -> Path | None:
+    """Start the server that a launch with `env` (the scope of `driver_environment` in it)
+    will reach, and do not wait for it: its imports (5-7 s of torch, Dynamo and Inductor on a
+    GPU host) then overlap the block's start instead of following it. The socket path, or
+    None where a server already answers there or warm start is off (`CAMPAIGN_WARM=0`)."""
+    if env.get("CAMPAIGN_WARM", "1") == "0":
+        return None
+    path = socket_path(server_key(sys.executable, env))
+    sock = _connect(path)
+    if sock is not None:
+        sock.close()
+        return None
+    _spawn_server(path, env)  # a client that comes before it listens waits for it (CONNECT_WAIT_S)
+    return path
 
 
 def server_key(executable: str, env: dict[str, str]) -> str:
@@ -193,12 +222,13 @@ def server_environment(env: dict[str, str]) -> dict[str, str]:
             if k.startswith("CAMPAIGN_WARM_") or not (k.startswith(PER_LAUNCH_PREFIXES) or k in PER_LAUNCH)}
 
 
-def _spawn_server(path: Path) -> subprocess.Popen[bytes]:
+def _spawn_server(path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open(path.with_suffix(".log"), "ab") as log:
         return subprocess.Popen([sys.executable, "-m", "campaign.executors.warm", "--serve", str(path)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                close_fds=True, env=server_environment(dict(os.environ)), cwd=path.parent)
+                                close_fds=True, env=server_environment(dict(os.environ) if env is None else env),
+                                cwd=path.parent)
 
 
 def _reach_server(path: Path) -> socket.socket | None:

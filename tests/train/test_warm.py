@@ -293,3 +293,39 @@ def test_a_hung_server_is_replaced_and_the_rank_starts_cold(tmp_path, scope):
             os.kill(hung, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_the_local_driver_prestarts_the_server_its_blocks_launches_reach(tmp_path, monkeypatch):
+    """Issue 41: on the local site the driver starts the fork server before it loads Parsl
+    (`Block._prestart_warm`), so that the server's imports overlap the block's start. A launch
+    of that block (the worker inherits the driver's environment; the supervisor adds
+    `launch_environment()` and the site's launch options) must reach that same server: its
+    rank is forked by it and no second server starts."""
+    from campaign.block import Block
+    from campaign.executors.local import LocalSite
+
+    for name in ("CAMPAIGN_WARM_SCOPE", "CAMPAIGN_WARM_PARENT"):
+        monkeypatch.delenv(name, raising=False)  # restored (absent) after, though _prestart_warm sets them
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    (tmp_path / "probe.py").write_text(PROBE)
+    site = LocalSite(nodes=1)
+    Block._prestart_warm(site)
+    assert warm.launch_environment()["CAMPAIGN_WARM_PARENT"] == f"{os.uname().nodename}:{os.getpid()}"
+    launch_env = {**os.environ, **warm.launch_environment(), **site.launch_options().env}
+    path = warm.socket_path(warm.server_key(sys.executable, launch_env))
+    try:
+        deadline = time.monotonic() + 120
+        while warm.server_pid(path) is None:  # listening once torch and the trainer are imported
+            assert time.monotonic() < deadline, path.with_suffix(".log").read_text()
+            time.sleep(0.1)
+        prestarted = warm.server_pid(path)
+        assert warm.prestart(launch_env) is None  # it answers: no second one
+        rank = client(tmp_path, "0", env=site.launch_options().env)
+        assert rank.wait(120) == 0, output(rank)
+        assert probe(rank)["ppid"] == prestarted
+        assert warm.server_pid(path) == prestarted
+    finally:
+        pid = warm.server_pid(path)
+        if pid:
+            os.kill(pid, signal.SIGTERM)
+    assert warm.prestart({**launch_env, "CAMPAIGN_WARM": "0"}) is None
