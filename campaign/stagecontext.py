@@ -345,7 +345,7 @@ class StageContext:
                 assert run is not None
                 a = writes.create_attempt(s, run, nodes=[], ranks_per_node=ranks_per_node, run_dir="",
                                           label=label, tokens_base=_tokens_base(run, targets.resume),
-                                          target_steps=targets.steps)
+                                          target_steps=targets.steps, wanted=n)
                 a.run_dir = str(rundir.attempt_dir(self.stage_dir, a.number))
                 number, attempt_id = a.number, a.id
                 excluded = sorted({e.node for e in reads.list_exclusions(s, self.engine.site_name,

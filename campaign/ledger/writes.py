@@ -91,14 +91,19 @@ def set_stage_state(s: Session, run: StageRun, state: str, *, verdict: str | Non
 
 
 def create_attempt(s: Session, run: StageRun, *, nodes: list[str], ranks_per_node: int, run_dir: str,
-                   label: str = "", tokens_base: int = 0, target_steps: int | None = None) -> Attempt:
+                   label: str = "", tokens_base: int = 0, target_steps: int | None = None,
+                   wanted: int | None = None) -> Attempt:
+    """`nodes`: where it runs if known now; else `wanted` says how many it asks for (the
+    supervisor records the nodes it got)."""
     run.attempts_count += 1
     a = Attempt(stage_run_id=run.id, number=run.attempts_count, nodes=nodes, ranks_per_node=ranks_per_node,
                 run_dir=run_dir, label=label, tokens_base=tokens_base, target_steps=target_steps)
     s.add(a)
     s.flush()
-    add_event(s, run.campaign, "attempt_started", f"stage {run.name} attempt {a.number}{' ' + label if label else ''} "
-              f"on {len(nodes)} node(s): {', '.join(nodes[:8])}{' ...' if len(nodes) > 8 else ''}", stage_run=run, attempt=a)
+    where = (f"on {len(nodes)} node(s): {', '.join(nodes[:8])}{' ...' if len(nodes) > 8 else ''}" if nodes else
+             f"on {wanted} node(s)" if wanted else "")
+    add_event(s, run.campaign, "attempt_started", f"stage {run.name} attempt {a.number}{' ' + label if label else ''}"
+              + (f" {where}" if where else ""), stage_run=run, attempt=a)
     return a
 
 

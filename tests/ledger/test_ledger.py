@@ -340,6 +340,19 @@ def test_exclusions_expire_and_can_be_lifted(ledger: Ledger) -> None:
 
 # --- events ----------------------------------------------------------------------------
 
+def test_an_attempt_started_before_its_nodes_are_known_says_how_many_it_asks_for(ledger: Ledger) -> None:
+    """The driver creates an attempt before the supervisor places it: its event used to read
+    "stage long attempt 7 relaunch 6 on 0 node(s): " (seen in the goodput benchmark's ledgers)."""
+    _new_campaign(ledger)
+    with ledger.session() as s:
+        run = reads.get_stage_run(s, "demo", "smoke")
+        writes.create_attempt(s, run, nodes=[], ranks_per_node=1, run_dir="", label="relaunch 1", wanted=2)
+        writes.create_attempt(s, run, nodes=["n0", "n1"], ranks_per_node=1, run_dir="")
+    with ledger.session() as s:
+        started = [e.message for e in reads.list_events(s, reads.get_campaign(s, "demo")) if e.kind == "attempt_started"]
+    assert started == ["stage smoke attempt 1 relaunch 1 on 2 node(s)", "stage smoke attempt 2 on 2 node(s): n0, n1"]
+
+
 def test_events_are_appended_in_order(ledger: Ledger) -> None:
     _new_campaign(ledger)
     attempt_id = _attempt(ledger)
