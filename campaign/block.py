@@ -85,6 +85,8 @@ class Block:
         block runs on this host (local) the server is started before Parsl is loaded."""
         self.site = site
         self._warm = warm
+        self._warm_server: Any = None
+        """The fork server this driver started (`_prestart_warm`), reaped once it exits."""
         self.campaign_dir = campaign_dir
         self._record = record
         self._runner = runner
@@ -175,8 +177,7 @@ class Block:
             "host": socket.gethostname(), "pid": os.getpid(), "interchange_pid": proc.pid if proc else None,
             "parsl_dir": str(self.campaign_dir / "parsl")})
 
-    @staticmethod
-    def _prestart_warm(site: Site) -> None:
+    def _prestart_warm(self, site: Site) -> None:
         """The fork server the local block's first launch will reach, started now: its imports
         overlap Parsl's start (measured on an H100 host: 6 s from the CLI to the first attempt,
         then the server's 5-7 s of imports after it). The block inherits the scope from this
@@ -185,10 +186,13 @@ class Block:
         from campaign.executors import warm
 
         os.environ.update(warm.driver_environment())
-        warm.prestart({**os.environ, **site.launch_options().env})
+        self._warm_server = warm.prestart({**os.environ, **site.launch_options().env}) or self._warm_server
 
     def _unload(self) -> None:
         import parsl
+
+        if self._warm_server is not None and self._warm_server.poll() is not None:
+            self._warm_server = None  # reaped; one still serving drains when this driver is gone
 
         if self._dfk is not None:
             if self.lost() is not None:

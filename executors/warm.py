@@ -150,11 +150,12 @@ def driver_environment() -> dict[str, str]:
     return {"CAMPAIGN_WARM_SCOPE": f"{host}-driver-{os.getpid()}", "CAMPAIGN_WARM_PARENT": f"{host}:{os.getpid()}"}
 
 
-def prestart(env: dict[str, str]) -> Path | None:
+def prestart(env: dict[str, str]) -> subprocess.Popen[bytes] | None:
     """Start the server that a launch with `env` (the scope of `driver_environment` in it)
     will reach, and do not wait for it: its imports (5-7 s of torch, Dynamo and Inductor on a
-    GPU host) then overlap the block's start instead of following it. The socket path, or
-    None where a server already answers there or warm start is off (`CAMPAIGN_WARM=0`)."""
+    GPU host) then overlap the block's start instead of following it. The server's process
+    (the caller reaps it), or None where a server already answers there or warm start is off
+    (`CAMPAIGN_WARM=0`)."""
     if env.get("CAMPAIGN_WARM", "1") == "0":
         return None
     path = socket_path(server_key(sys.executable, env))
@@ -162,8 +163,7 @@ def prestart(env: dict[str, str]) -> Path | None:
     if sock is not None:
         sock.close()
         return None
-    _spawn_server(path, env)  # a client that comes before it listens waits for it (CONNECT_WAIT_S)
-    return path
+    return _spawn_server(path, env)  # a client that comes before it listens waits for it (CONNECT_WAIT_S)
 
 
 def server_key(executable: str, env: dict[str, str]) -> str:

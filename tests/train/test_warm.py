@@ -309,7 +309,7 @@ def test_the_local_driver_prestarts_the_server_its_blocks_launches_reach(tmp_pat
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     (tmp_path / "probe.py").write_text(PROBE)
     site = LocalSite(nodes=1)
-    Block._prestart_warm(site)
+    Block(site, tmp_path, record=lambda *a: None, warm=True)._prestart_warm(site)
     assert warm.launch_environment()["CAMPAIGN_WARM_PARENT"] == f"{os.uname().nodename}:{os.getpid()}"
     launch_env = {**os.environ, **warm.launch_environment(), **site.launch_options().env}
     path = warm.socket_path(warm.server_key(sys.executable, launch_env))
