@@ -86,6 +86,7 @@ class Block:
         self.site = site
         self._warm = warm
         self._warm_server: Any = None
+        self._warm_scope: dict[str, str] = {}
         """The fork server this driver started (`_prestart_warm`), reaped once it exits."""
         self.campaign_dir = campaign_dir
         self._record = record
@@ -185,7 +186,9 @@ class Block:
         server; one whose environment differs where the key looks starts its own, as before."""
         from campaign.executors import warm
 
-        os.environ.update(warm.driver_environment())
+        scope = warm.driver_environment()
+        os.environ.update(scope)  # the worker inherits it; removed when the block is unloaded
+        self._warm_scope = scope
         self._warm_server = warm.prestart({**os.environ, **site.launch_options().env}) or self._warm_server
 
     def _unload(self) -> None:
@@ -193,6 +196,10 @@ class Block:
 
         if self._warm_server is not None and self._warm_server.poll() is not None:
             self._warm_server = None  # reaped; one still serving drains when this driver is gone
+        for key, value in self._warm_scope.items():
+            if os.environ.get(key) == value:
+                del os.environ[key]
+        self._warm_scope = {}
 
         if self._dfk is not None:
             if self.lost() is not None:

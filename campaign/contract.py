@@ -126,12 +126,16 @@ def rescue(trainer: TrainConfig, launcher: str) -> bool:
     return trainer.rescue is True or launcher in RESCUE_LAUNCHERS
 
 
-def rescue_covers(trainer: TrainConfig, launcher: str, ranks: int) -> bool:
-    """Whether a launch of `ranks` ranks can save a rescue checkpoint after one rank's fault:
-    its trainer answers rescue requests (`rescue`) and another rank holds the whole state
-    (DDP on 2+ ranks, not XPU: `campaign.train.rescue.supported`; FSDP shards it). Where it
-    cannot, no history of rescued faults lengthens its checkpoint interval."""
-    return rescue(trainer, launcher) and ranks >= 2 and trainer.parallelism == "ddp" and trainer.device != "xpu"
+def rescue_covers(trainer: TrainConfig, launcher: str, nodes: int, site_device: str) -> bool:
+    """Whether a launch on `nodes` nodes can save a rescue checkpoint after a fault: its
+    trainer answers rescue requests (`rescue`), and a rank on another node than the failed
+    or suspect one holds the whole state (DDP on 2+ nodes; not FSDP, which shards it; not
+    XPU: `campaign.train.rescue.supported`; the rescuer is never taken from a suspect node,
+    `supervisor.rescue._rescuer`). `site_device`: the device type of the site's nodes
+    (`Site.devices`), what `trainer.device: auto` becomes there. Where it cannot, no history
+    of rescued faults lengthens its checkpoint interval."""
+    device = site_device if trainer.device == "auto" else trainer.device
+    return rescue(trainer, launcher) and nodes >= 2 and trainer.parallelism == "ddp" and device != "xpu"
 
 
 def _expand(arg: str, values: dict[str, str]) -> str:

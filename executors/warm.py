@@ -134,9 +134,12 @@ def launch_environment() -> dict[str, str]:
     a Parsl worker, its worker pool, which lives as long as the block; else this process), or
     the scope this process was handed (`driver_environment`: the local site's driver, which
     started the server before its block was up)."""
-    if os.environ.get("CAMPAIGN_WARM_SCOPE") and os.environ.get("CAMPAIGN_WARM_PARENT"):
-        return {k: os.environ[k] for k in ("CAMPAIGN_WARM_SCOPE", "CAMPAIGN_WARM_PARENT")}
     host = socket.gethostname()
+    handed = os.environ.get("CAMPAIGN_WARM_SCOPE"), os.environ.get("CAMPAIGN_WARM_PARENT", "")
+    # Only a driver on this host hands a scope down, and never into a scheduler's job (sbatch
+    # exports the caller's environment: a compute node must not take a login node's scope).
+    if handed[0] and handed[1].rpartition(":")[0] == host and not _job_id(dict(os.environ)):
+        return {"CAMPAIGN_WARM_SCOPE": handed[0], "CAMPAIGN_WARM_PARENT": handed[1]}
     pool = os.environ.get("PARSL_WORKER_POOL_ID")
     owner = os.getppid() if pool else os.getpid()
     scope = _job_id(dict(os.environ)) or f"{host}-{pool or 'driver'}-{owner}"
@@ -167,8 +170,10 @@ def prestart(env: dict[str, str]) -> subprocess.Popen[bytes] | None:
 
 
 def server_key(executable: str, env: dict[str, str]) -> str:
-    """The interpreter, the environment read at import time (its import path included), the scope."""
-    parts = [executable, *(f"{k}={env.get(k, '')}" for k in IMPORT_TIME_ENV)]
+    """The interpreter (its folder, so a venv's `python` and `python3` are one, and the file
+    it resolves to), the environment read at import time (its import path included), the scope."""
+    where = os.path.dirname(os.path.abspath(executable))
+    parts = [where, os.path.realpath(executable), *(f"{k}={env.get(k, '')}" for k in IMPORT_TIME_ENV)]
     return hashlib.sha256("\0".join([*parts, scope(env)]).encode()).hexdigest()[:20]
 
 

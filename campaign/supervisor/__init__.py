@@ -6,9 +6,10 @@ drops the nodes the ledger excludes, takes the active nodes, writes the hostfile
 the trainer with the site's launcher, and watches it:
 
 - the stall watchdog (`campaign.watchdog`) reads metrics, events and heartbeats; on a stall
-  it names the culprit nodes, then SIGTERMs the launch and SIGKILLs it after a grace period
-  (1 s: `STALL_GRACE_S`; exit 124, class `stalled`); past the attempt's hard timeout (the
-  stage's `timeout_s`) it does the same with 5 s (`TERM_GRACE_S`), class `timed_out` (its reason says the timeout, the step and how long since
+  it names the culprit nodes, then SIGTERMs the launch, again after 1 s (`SECOND_TERM_S`: the
+  built-in trainer then exits at once), and SIGKILLs what is left after 5 s (`TERM_GRACE_S`;
+  exit 124, class `stalled`); past the attempt's hard timeout (the stage's `timeout_s`) it
+  does the same with one SIGTERM, class `timed_out` (its reason says the timeout, the step and how long since
   the last progress: not a stall);
 - when one rank fails, the others get `FAILED_RANK_GRACE_S` to notice before the launch is
   stopped; the first failure is the evidence (behind srun, the failed task its log names as

@@ -26,11 +26,16 @@ if TYPE_CHECKING:
 
 TERM_GRACE_S = 5.0
 """Between SIGTERM and SIGKILL when the supervisor stops a launch."""
-STALL_GRACE_S = 1.0
-"""The same after a stall: a hung rank cannot act on SIGTERM (a rank inside a collective or a
-kernel runs no signal handler until the call returns), and what a deadline's SIGTERM would
-save, the rescue checkpoint has saved or could not. Measured in the goodput benchmark: every
-stalled launch of ours ran out the full 5 s and was SIGKILLed (exit 137)."""
+SECOND_TERM_S = 1.0
+"""After a stall, a second SIGTERM this long after the first; SIGKILL still at TERM_GRACE_S. A
+hung rank cannot finish a step, so the first SIGTERM's stop at a step boundary never comes
+(the built-in trainer would exit 143 only after CAMPAIGN_SIGTERM_GRACE, 20 s), and what a
+deadline's save would keep the rescue checkpoint has kept or could not. A second SIGTERM ends
+the built-in trainer at once (`campaign.train.signals`, the trainer contract): the launcher
+(srun, mpiexec) forwards both and exits with its tasks, so nothing is SIGKILLed and nothing
+is left behind on the nodes; a trainer deaf to both is SIGKILLed at TERM_GRACE_S, as before.
+Measured in the goodput benchmark: every stalled launch of ours had run out the full 5 s
+and been SIGKILLed (exit 137)."""
 
 
 class Failure(NamedTuple):
@@ -117,13 +122,18 @@ class _Launch:
                 except ProcessLookupError:
                     pass
 
-    def stop(self, now: Callable[[], float], grace_s: float = TERM_GRACE_S) -> None:
-        """SIGTERM every process group, then SIGKILL whatever is left after `grace_s`."""
+    def stop(self, now: Callable[[], float], second_term_s: float | None = None) -> None:
+        """SIGTERM every process group (again after `second_term_s`, if given), then SIGKILL
+        whatever is left after TERM_GRACE_S."""
         self.signal(signal.SIGTERM)
-        deadline = now() + grace_s
-        while not self.done and now() < deadline:
+        start = now()
+        again = None if second_term_s is None else start + second_term_s
+        while not self.done and now() < start + TERM_GRACE_S:
             time.sleep(0.1)
             self.poll(now())
+            if again is not None and now() >= again and not self.done:
+                self.notify(signal.SIGTERM)
+                again = None
         for _, _, p in self.procs:  # SIGKILL the groups even if the leader exited: no stragglers
             try:
                 os.killpg(p.pid, signal.SIGKILL)

@@ -31,7 +31,7 @@ from campaign import contract, report, rundir, runfiles, watchdog
 from campaign.evidence import Suspect
 from campaign.exits import StopReason
 from campaign.rundir import STOP_FILE
-from campaign.supervisor.launch import STALL_GRACE_S, TERM_GRACE_S, Failure, _Launch, launcher_failure
+from campaign.supervisor.launch import SECOND_TERM_S, Failure, _Launch, launcher_failure
 from campaign.supervisor.reading import Observer, note_checkpoints
 from campaign.supervisor.rescue import NOT_FAULTS, RescueResult, _rescue
 
@@ -209,8 +209,8 @@ def stalled_or_timeout(w: Watching) -> WatchOutcome | None:
     if watch.rescue:
         w.rescued = _rescue(w.launch, w.request, w.active, watch, beats, avoid_nodes={s.node for s in suspects},
                             avoid_ranks={s.evidence.get("rank") for s in suspects})
-    # A hard timeout may meet a slow but working trainer: its SIGTERM handler gets the full grace.
-    w.launch.stop(time.time, STALL_GRACE_S if stalled else TERM_GRACE_S)
+    # A hard timeout may meet a slow but working trainer: one SIGTERM, its stop at a step boundary.
+    w.launch.stop(time.time, SECOND_TERM_S if stalled else None)
     return WatchOutcome(killed_by=StopReason.STALLED if stalled else StopReason.TIMEOUT, stall=reason,
                         suspects=suspects, detected_after_s=round(now - watch.last_progress, 2), rescue=w.rescued)
 

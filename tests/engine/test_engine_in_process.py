@@ -195,42 +195,53 @@ def test_a_stalled_stdout_trainer_is_stopped_without_blaming_its_node_for_missin
     assert "no new step" in rep["stall"]
 
 
-_DEAF_TO_SIGTERM = ("import os, signal\n"
-                    "def noted(*_):\n"
-                    "    open(os.environ['CAMPAIGN_RUN_DIR'] + '/sigterm-at', 'w').write(repr(time.time()))\n"
-                    "signal.signal(signal.SIGTERM, noted)\n")
-"""A trainer that notes when SIGTERM came and goes on (as a rank stuck in a collective does)."""
+def _noting_sigterms(exit_on_second: bool) -> str:
+    """A trainer stuck in a call (as a rank inside a collective) that notes each SIGTERM's
+    time; with `exit_on_second` it exits 143 on the second, as the built-in trainer does
+    (campaign.train.signals), else it goes on."""
+    return ("import os, signal, sys\n"
+            "def noted(*_):\n"
+            "    with open(os.environ['CAMPAIGN_RUN_DIR'] + '/sigterms', 'a') as f:\n"
+            "        f.write(repr(time.time()) + '\\n')\n"
+            f"    if {exit_on_second} and len(open(os.environ['CAMPAIGN_RUN_DIR'] + '/sigterms').readlines()) >= 2:\n"
+            "        os._exit(143)\n"
+            "signal.signal(signal.SIGTERM, noted)\n")
 
 
-def _sigterm_to_sigkill_s(tmp_path: Path, ended: float) -> float:
-    return ended - float((tmp_path / "attempt-001" / "sigterm-at").read_text())
+def _sigterms(tmp_path: Path) -> list[float]:
+    return [float(x) for x in (tmp_path / "attempt-001" / "sigterms").read_text().split()]
 
 
-def test_a_stalled_launch_is_killed_one_short_grace_after_sigterm(tmp_path: Path) -> None:
-    """A hung rank cannot act on SIGTERM; the goodput benchmark's stalled launches each ran out
-    the full 5 s grace before the SIGKILL. After a stall the grace is STALL_GRACE_S."""
-    from campaign.supervisor.launch import STALL_GRACE_S, TERM_GRACE_S
+def test_a_stalled_launch_gets_a_second_sigterm_after_one_second(tmp_path: Path) -> None:
+    """A hung rank cannot stop at a step boundary, so the first SIGTERM's clean stop never
+    comes (the goodput benchmark's stalled launches each ran out the full 5 s and were
+    SIGKILLed). After a stall a second SIGTERM follows at SECOND_TERM_S, which ends a trainer
+    that follows the contract at once: it exits 143 by itself, nothing is SIGKILLed."""
+    from campaign.supervisor.launch import SECOND_TERM_S, TERM_GRACE_S
 
     rep = _supervise_stdout_script(
-        tmp_path, _DEAF_TO_SIGTERM + "for s in (1, 2, 3):\n    print(f'iter {s}: loss 2.0', flush=True)\n"
+        tmp_path, _noting_sigterms(True) + "for s in (1, 2, 3):\n    print(f'iter {s}: loss 2.0', flush=True)\n"
         "    time.sleep(0.2)\nwhile True:\n    time.sleep(600)\n", steps=5, timeout_s=60,
         policy=WatchdogPolicy(startup_s=20, floor_s=2.0, warmup_steps=0, warmup_s=2.0, drill_s=0))
-    took = _sigterm_to_sigkill_s(tmp_path, time.time())
+    first, second = _sigterms(tmp_path)
     assert (rep["exit_class"], rep["exit_code"]) == ("stalled", 124), rep
-    assert STALL_GRACE_S - 0.1 <= took < TERM_GRACE_S - 1, took
+    assert SECOND_TERM_S - 0.1 <= second - first < TERM_GRACE_S - 1, (first, second)
+    assert rep["first_failure"]["exit_code"] == 143, rep["first_failure"]  # its own exit, not SIGKILL's 137
 
 
-def test_a_hard_timeout_gives_a_working_trainer_the_full_grace(tmp_path: Path) -> None:
-    """A trainer still stepping at its timeout may be saving on SIGTERM: it keeps TERM_GRACE_S."""
+def test_a_trainer_deaf_to_sigterm_is_sigkilled_at_the_grace_and_a_timeout_sends_one_sigterm(tmp_path: Path) -> None:
+    """A trainer still stepping at its timeout may be stopping cleanly: one SIGTERM, and
+    TERM_GRACE_S before the SIGKILL."""
     from campaign.supervisor.launch import TERM_GRACE_S
 
     rep = _supervise_stdout_script(
-        tmp_path, _DEAF_TO_SIGTERM + "for s in range(1, 1000):\n    print(f'iter {s}: loss 2.0', flush=True)\n"
+        tmp_path, _noting_sigterms(False) + "for s in range(1, 1000):\n    print(f'iter {s}: loss 2.0', flush=True)\n"
         "    time.sleep(0.1)\n", steps=999, timeout_s=3,
         policy=WatchdogPolicy(startup_s=20, floor_s=5.0, warmup_steps=0, warmup_s=5.0, drill_s=0))
-    took = _sigterm_to_sigkill_s(tmp_path, time.time())
+    ended = time.time()
+    terms = _sigterms(tmp_path)
     assert rep["exit_class"] == "timed_out", rep
-    assert took >= TERM_GRACE_S - 0.1, took
+    assert len(terms) == 1 and ended - terms[0] >= TERM_GRACE_S - 0.1, (terms, ended)
 
 
 def test_a_trainer_counting_from_0_reaches_its_last_step_and_ends_when_its_read_rank_does(tmp_path: Path) -> None:

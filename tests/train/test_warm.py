@@ -304,14 +304,21 @@ def test_the_local_driver_prestarts_the_server_its_blocks_launches_reach(tmp_pat
     from campaign.block import Block
     from campaign.executors.local import LocalSite
 
-    for name in ("CAMPAIGN_WARM_SCOPE", "CAMPAIGN_WARM_PARENT"):
-        monkeypatch.delenv(name, raising=False)  # restored (absent) after, though _prestart_warm sets them
+    for name in ("CAMPAIGN_WARM_SCOPE", "CAMPAIGN_WARM_PARENT", "PARSL_WORKER_POOL_ID"):
+        monkeypatch.setenv(name, "x")  # recorded, so the values _prestart_warm sets are undone after
+        monkeypatch.delenv(name)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     (tmp_path / "probe.py").write_text(PROBE)
     site = LocalSite(nodes=1)
     Block(site, tmp_path, record=lambda *a: None, warm=True)._prestart_warm(site)
     assert warm.launch_environment()["CAMPAIGN_WARM_PARENT"] == f"{os.uname().nodename}:{os.getpid()}"
+    # What the block's worker computes: it runs in a Parsl worker pool (which sets
+    # PARSL_WORKER_POOL_ID), with the driver's environment, maybe through `python3`.
+    monkeypatch.setenv("PARSL_WORKER_POOL_ID", "pool-1")
+    assert warm.launch_environment()["CAMPAIGN_WARM_PARENT"] == f"{os.uname().nodename}:{os.getpid()}"
     launch_env = {**os.environ, **warm.launch_environment(), **site.launch_options().env}
+    assert warm.server_key(sys.executable, launch_env) == warm.server_key(
+        str(Path(sys.executable).with_name("python3")), launch_env)
     path = warm.socket_path(warm.server_key(sys.executable, launch_env))
     try:
         deadline = time.monotonic() + 120
@@ -329,3 +336,20 @@ def test_the_local_driver_prestarts_the_server_its_blocks_launches_reach(tmp_pat
         if pid:
             os.kill(pid, signal.SIGTERM)
     assert warm.prestart({**launch_env, "CAMPAIGN_WARM": "0"}) is None
+
+
+def test_a_handed_down_scope_is_kept_only_on_the_drivers_host_and_outside_a_scheduler_job(monkeypatch):
+    """sbatch exports the caller's environment: a compute node's supervisor must not take the
+    scope a local driver handed its own block (another host's parent never drains the server)."""
+    host = os.uname().nodename
+    monkeypatch.delenv("PARSL_WORKER_POOL_ID", raising=False)
+    for var in ("SLURM_JOB_ID", "PBS_JOBID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("CAMPAIGN_WARM_SCOPE", "vm-driver-7")
+    monkeypatch.setenv("CAMPAIGN_WARM_PARENT", f"{host}:7")
+    assert warm.launch_environment() == {"CAMPAIGN_WARM_SCOPE": "vm-driver-7", "CAMPAIGN_WARM_PARENT": f"{host}:7"}
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    assert warm.launch_environment()["CAMPAIGN_WARM_SCOPE"] == "42"
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.setenv("CAMPAIGN_WARM_PARENT", "login-node-1:7")
+    assert warm.launch_environment()["CAMPAIGN_WARM_PARENT"] == f"{host}:{os.getpid()}"

@@ -141,3 +141,9 @@ def test_status_says_how_many_faults_a_rescue_covered_when_it_suggests_an_interv
         goodput_table({"stages": [{"name": "long", "goodput": g, "checkpoint_interval": interval}], "goodput": g}))
     assert ("checkpoint every 200 steps suggested (Young/Daly: save 1.5 s, MTBF 6m40s from site history, "
             "2 of 3 faults rescued: without a rescue 20m00s)") in out.getvalue()
+    # a stated MTBF and no fault yet, where the launch can rescue: the prior is said, not hidden
+    first = {**interval, "source": "stated mtbf_s", "rescued": [0, 0], "unrescued_mtbf_s": 800.0}
+    out = StringIO()
+    Console(file=out, width=240, color_system=None).print(
+        goodput_table({"stages": [{"name": "long", "goodput": g, "checkpoint_interval": first}], "goodput": g}))
+    assert "from stated mtbf_s, no fault seen yet, half taken as rescued: without a rescue 13m20s)" in out.getvalue()

@@ -310,15 +310,17 @@ def test_rescue_is_on_by_default_behind_the_launchers_that_pass_sigusr1_on() -> 
     assert not contract.rescue(TrainConfig(command=["python", "t.py"]), "srun")
 
 
-def test_a_rescue_covers_a_fault_only_where_another_rank_holds_the_whole_state() -> None:
+def test_a_rescue_covers_a_fault_only_where_another_node_holds_the_whole_state() -> None:
     """What lengthens a long run's checkpoint interval after rescued faults (goodput.suggest_interval):
-    the trainer answers rescue requests and a second rank holds a replica (DDP, 2+ ranks, not
-    XPU), as campaign.train.rescue.supported requires on the trainer's side."""
+    the trainer answers rescue requests and a rank on another node holds a replica (DDP on 2+
+    nodes, not XPU), as campaign.train.rescue.supported and the rescuer's choice require."""
     from campaign.train.config import TrainConfig
 
     auto = TrainConfig()
-    assert contract.rescue_covers(auto, "srun", 2) and contract.rescue_covers(auto, "local", 8)
-    assert not contract.rescue_covers(auto, "srun", 1)  # one rank: no peer to save
-    assert not contract.rescue_covers(TrainConfig(parallelism="fsdp"), "srun", 8)  # sharded: no rank holds it all
-    assert not contract.rescue_covers(TrainConfig(device="xpu"), "local", 8)
-    assert not contract.rescue_covers(auto, "pals", 8) and not contract.rescue_covers(TrainConfig(rescue=False), "srun", 8)
+    assert contract.rescue_covers(auto, "srun", 2, "cuda") and contract.rescue_covers(auto, "local", 8, "cpu")
+    assert not contract.rescue_covers(auto, "srun", 1, "cuda")  # one node: the rescuer is never on the suspect node
+    assert not contract.rescue_covers(TrainConfig(parallelism="fsdp"), "srun", 8, "cuda")  # sharded
+    assert not contract.rescue_covers(TrainConfig(device="xpu"), "local", 8, "cpu")
+    assert not contract.rescue_covers(TrainConfig(rescue=True), "pals", 8, "xpu")  # Aurora: auto is XPU there
+    assert not contract.rescue_covers(auto, "pals", 8, "cuda") and not contract.rescue_covers(
+        TrainConfig(rescue=False), "srun", 8, "cuda")
