@@ -31,11 +31,13 @@ SECOND_TERM_S = 1.0
 hung rank cannot finish a step, so the first SIGTERM's stop at a step boundary never comes
 (the built-in trainer would exit 143 only after CAMPAIGN_SIGTERM_GRACE, 20 s), and what a
 deadline's save would keep the rescue checkpoint has kept or could not. A second SIGTERM ends
-the built-in trainer at once (`campaign.train.signals`, the trainer contract): the launcher
-(srun, mpiexec) forwards both and exits with its tasks, so nothing is SIGKILLed and nothing
-is left behind on the nodes; a trainer deaf to both is SIGKILLed at TERM_GRACE_S, as before.
-Measured in the goodput benchmark: every stalled launch of ours had run out the full 5 s
-and been SIGKILLed (exit 137)."""
+the built-in trainer at once (`campaign.train.signals`, the trainer contract): with the local
+launcher (one process group per rank) it exits by itself 1 s after the first, not SIGKILLed
+at 5 s (tests/engine/test_engine_in_process.py; behind mpiexec the same where it forwards
+both, not measured); a trainer deaf to both is SIGKILLed at TERM_GRACE_S, as before.
+srun needs neither: it answers the first SIGTERM by cancelling the step ("srun: forcing job
+termination", its tasks SIGKILLed by slurmstepd: the launcher log of every stall of the
+Slurm goodput benchmark) and exits once the step is gone."""
 
 
 class Failure(NamedTuple):
