@@ -23,6 +23,7 @@ from campaign import report
 from campaign.train.config import DEFAULT_COMMAND, CheckpointLayout, TrainConfig, TrainerConfig
 
 if TYPE_CHECKING:
+    from campaign.executors.base import Site
     from campaign.spec import CampaignSpec
 
 _SCRIPT = re.compile(r"^(\./|\.\./)|\.(py|sh)$")
@@ -126,16 +127,15 @@ def rescue(trainer: TrainConfig, launcher: str) -> bool:
     return trainer.rescue is True or launcher in RESCUE_LAUNCHERS
 
 
-def rescue_covers(trainer: TrainConfig, launcher: str, nodes: int, site_device: str) -> bool:
-    """Whether a launch on `nodes` nodes can save a rescue checkpoint after a fault: its
-    trainer answers rescue requests (`rescue`), and a rank on another node than the failed
+def rescue_covers(trainer: TrainConfig, site: Site, nodes: int) -> bool:
+    """Whether a launch on `nodes` nodes of `site` can save a rescue checkpoint after a fault:
+    its trainer answers rescue requests (`rescue`), and a rank on another node than the failed
     or suspect one holds the whole state (DDP on 2+ nodes; not FSDP, which shards it; not
-    XPU: `campaign.train.rescue.supported`; the rescuer is never taken from a suspect node,
-    `supervisor.rescue._rescuer`). `site_device`: the device type of the site's nodes
-    (`Site.devices`), what `trainer.device: auto` becomes there. Where it cannot, no history
-    of rescued faults lengthens its checkpoint interval."""
-    device = site_device if trainer.device == "auto" else trainer.device
-    return rescue(trainer, launcher) and nodes >= 2 and trainer.parallelism == "ddp" and device != "xpu"
+    XPU, `trainer.device: auto` taken as the site's device: `campaign.train.rescue.supported`;
+    the rescuer is never taken from a suspect node, `supervisor.rescue._rescuer`). Where it
+    cannot, no history of rescued faults lengthens its checkpoint interval."""
+    device = site.devices()[0] if trainer.device == "auto" else trainer.device
+    return rescue(trainer, site.launcher) and nodes >= 2 and trainer.parallelism == "ddp" and device != "xpu"
 
 
 def _expand(arg: str, values: dict[str, str]) -> str:

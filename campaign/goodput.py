@@ -304,6 +304,11 @@ def suggest_interval(s: Session, c: Campaign, *, nodes: int, rescue: bool,
     return Suggestion(max(1, round(interval / step)), interval, save, mtbf, step, source, (rescued, faults), rescue)
 
 
+def rescued_words(rescued: int, faults: int) -> str:
+    """The rescue history an interval was computed from, in words (status, the long run's event)."""
+    return f"{rescued} of {faults} faults rescued" if faults else "no fault seen yet, half taken as rescued"
+
+
 def unrescued_mtbf(mtbf_s: float, rescued: int, faults: int, *, rescue: bool = True) -> float:
     """The MTBF of the faults no rescue covers: what Young/Daly trades a save against (a
     checkpoint saves the work a fault would cost, and after a rescued fault that is none).

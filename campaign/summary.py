@@ -44,7 +44,7 @@ def _rescue_covers(c: Campaign) -> Callable[[int], bool]:
         spec = CampaignSpec.model_validate(c.spec_json or {})
     except ValidationError:
         return lambda nodes: False
-    return lambda nodes: contract.rescue_covers(spec.trainer, spec.site.launcher, nodes, spec.site.devices()[0])
+    return lambda nodes: contract.rescue_covers(spec.trainer, spec.site, nodes)
 
 
 def describe_campaign(s: Session, c: Campaign, *, events: int = 10) -> dict[str, Any]:

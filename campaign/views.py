@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from campaign.exits import ExitClass
+from campaign.goodput import rescued_words
 
 STATE_STYLE = {"passed": "green", "succeeded": "green", "failed": "red", "running": "yellow", "skipped": "dim",
                "pending": "dim", "cancelled": "magenta"}
@@ -326,11 +327,6 @@ def goodput_line(g: dict[str, Any]) -> str:
     return text
 
 
-def _rescued_text(rescued: list[int]) -> str:
-    """[rescued, faults] of a checkpoint interval, in words."""
-    return f"{rescued[0]} of {rescued[1]} faults rescued" if rescued[1] else "no fault seen yet, half taken as rescued"
-
-
 def goodput_table(summary: dict[str, Any]) -> Table | None:
     """One line per stage with goodput, then the campaign; a long run's line adds the
     checkpoint interval Young/Daly suggests."""
@@ -346,7 +342,7 @@ def goodput_table(summary: dict[str, Any]) -> Table | None:
         if interval:
             text += (f"; checkpoint every {interval['steps']} steps suggested (Young/Daly: save {interval['save_s']:g} s,"
                      f" MTBF {fmt_duration(interval['mtbf_s'])} from {interval['source']}"
-                     + (f", {_rescued_text(interval['rescued'])}: without a rescue "
+                     + (f", {rescued_words(*interval['rescued'])}: without a rescue "
                         f"{fmt_duration(interval['unrescued_mtbf_s'])}" if interval.get("rescued") else "") + ")")
         t.add_row(escape(name), escape(text))
     t.add_row("[bold]campaign[/]", escape(goodput_line(summary.get("goodput") or {})))

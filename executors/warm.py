@@ -134,15 +134,15 @@ def launch_environment() -> dict[str, str]:
     a Parsl worker, its worker pool, which lives as long as the block; else this process), or
     the scope this process was handed (`driver_environment`: the local site's driver, which
     started the server before its block was up)."""
-    host = socket.gethostname()
-    handed = os.environ.get("CAMPAIGN_WARM_SCOPE"), os.environ.get("CAMPAIGN_WARM_PARENT", "")
+    host, job = socket.gethostname(), _job_id(dict(os.environ))
+    handed, parent = os.environ.get("CAMPAIGN_WARM_SCOPE"), os.environ.get("CAMPAIGN_WARM_PARENT", "")
     # Only a driver on this host hands a scope down, and never into a scheduler's job (sbatch
     # exports the caller's environment: a compute node must not take a login node's scope).
-    if handed[0] and handed[1].rpartition(":")[0] == host and not _job_id(dict(os.environ)):
-        return {"CAMPAIGN_WARM_SCOPE": handed[0], "CAMPAIGN_WARM_PARENT": handed[1]}
+    if handed and parent.rpartition(":")[0] == host and not job:
+        return {"CAMPAIGN_WARM_SCOPE": handed, "CAMPAIGN_WARM_PARENT": parent}
     pool = os.environ.get("PARSL_WORKER_POOL_ID")
     owner = os.getppid() if pool else os.getpid()
-    scope = _job_id(dict(os.environ)) or f"{host}-{pool or 'driver'}-{owner}"
+    scope = job or f"{host}-{pool or 'driver'}-{owner}"
     return {"CAMPAIGN_WARM_SCOPE": scope, "CAMPAIGN_WARM_PARENT": f"{host}:{owner}"}
 
 

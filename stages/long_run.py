@@ -193,15 +193,14 @@ def checkpoint_every(ctx: Context, stage: LongRunStage) -> int:
         c = s.get(Campaign, ctx.run.campaign_id)
         assert c is not None
         nodes = stage.nodes or ctx.spec.site.nodes
-        rescue = contract.rescue_covers(ctx.spec.trainer, ctx.spec.site.launcher, nodes, ctx.spec.site.devices()[0])
+        rescue = contract.rescue_covers(ctx.spec.trainer, ctx.spec.site, nodes)
         sug = goodput.suggest_interval(s, c, nodes=nodes, rescue=rescue, mtbf_s=stage.mtbf_s)
     if sug is None:
         ctx.event("checkpoint_interval", f"checkpoint_every auto: {PROVISIONAL_EVERY} steps until a save and "
                   "a step are measured")
         return PROVISIONAL_EVERY
-    seen = (f"{sug.rescued[0]} of {sug.rescued[1]} faults rescued" if sug.rescued[1] else
-            "no fault seen yet, half taken as rescued")
-    rescued = f", {seen}: {sug.unrescued_mtbf_s:.0f} s without a rescue" if sug.rescue else ""
+    rescued = (f", {goodput.rescued_words(*sug.rescued)}: {sug.unrescued_mtbf_s:.0f} s without a rescue"
+               if sug.rescue else "")
     ctx.event("checkpoint_interval", f"checkpoint_every auto: {sug.steps} steps (Young/Daly: save {sug.save_s:.2f} s, "
               f"MTBF {sug.mtbf_s:.0f} s from {sug.source}{rescued}, step {sug.step_s:.3f} s)", data=sug.as_dict())
     return sug.steps

@@ -314,13 +314,16 @@ def test_a_rescue_covers_a_fault_only_where_another_node_holds_the_whole_state()
     """What lengthens a long run's checkpoint interval after rescued faults (goodput.suggest_interval):
     the trainer answers rescue requests and a rank on another node holds a replica (DDP on 2+
     nodes, not XPU), as campaign.train.rescue.supported and the rescuer's choice require."""
+    from campaign.executors.aurora import AuroraSite
+    from campaign.executors.local import LocalSite
+    from campaign.executors.slurm import SlurmSite
     from campaign.train.config import TrainConfig
 
-    auto = TrainConfig()
-    assert contract.rescue_covers(auto, "srun", 2, "cuda") and contract.rescue_covers(auto, "local", 8, "cpu")
-    assert not contract.rescue_covers(auto, "srun", 1, "cuda")  # one node: the rescuer is never on the suspect node
-    assert not contract.rescue_covers(TrainConfig(parallelism="fsdp"), "srun", 8, "cuda")  # sharded
-    assert not contract.rescue_covers(TrainConfig(device="xpu"), "local", 8, "cpu")
-    assert not contract.rescue_covers(TrainConfig(rescue=True), "pals", 8, "xpu")  # Aurora: auto is XPU there
-    assert not contract.rescue_covers(auto, "pals", 8, "cuda") and not contract.rescue_covers(
-        TrainConfig(rescue=False), "srun", 8, "cuda")
+    auto, slurm = TrainConfig(), SlurmSite(nodes=2)
+    assert contract.rescue_covers(auto, slurm, 2) and contract.rescue_covers(auto, LocalSite(nodes=8), 8)
+    assert not contract.rescue_covers(auto, slurm, 1)  # one node: the rescuer is never on the suspect node
+    assert not contract.rescue_covers(TrainConfig(parallelism="fsdp"), slurm, 8)  # sharded
+    assert not contract.rescue_covers(TrainConfig(device="xpu"), LocalSite(nodes=8), 8)
+    aurora = AuroraSite(account="p", queue="capacity", nodes=8)
+    assert not contract.rescue_covers(TrainConfig(rescue=True), aurora, 8)  # Aurora: `device: auto` is XPU there
+    assert not contract.rescue_covers(auto, aurora, 8) and not contract.rescue_covers(TrainConfig(rescue=False), slurm, 8)
