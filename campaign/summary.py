@@ -34,17 +34,21 @@ def summarize_campaign(s: Session, c: Campaign) -> dict[str, Any]:
 
 def _rescue_covers(c: Campaign) -> Callable[[int], bool]:
     """`contract.rescue_covers` for the campaign's stored spec, by node count (never, where
-    the stored spec no longer validates)."""
-    from pydantic import ValidationError
+    the stored spec no longer validates). The spec is validated only when asked: for a long
+    run's interval, not for every campaign `status` lists."""
+    def covers(nodes: int) -> bool:
+        from pydantic import ValidationError
 
-    from campaign import contract
-    from campaign.spec import CampaignSpec
+        from campaign import contract
+        from campaign.spec import CampaignSpec
 
-    try:
-        spec = CampaignSpec.model_validate(c.spec_json or {})
-    except ValidationError:
-        return lambda nodes: False
-    return lambda nodes: contract.rescue_covers(spec.trainer, spec.site, nodes)
+        try:
+            spec = CampaignSpec.model_validate(c.spec_json or {})
+        except ValidationError:
+            return False
+        return contract.rescue_covers(spec.trainer, spec.site, nodes)
+
+    return covers
 
 
 def describe_campaign(s: Session, c: Campaign, *, events: int = 10) -> dict[str, Any]:
