@@ -1,6 +1,6 @@
 """The keys of what a trainer writes, each named once (stdlib only, imports nothing):
 
-    metrics.jsonl   {"step", "tokens", "loss", "step_time_s"[, "tokens_per_s", "mfu", ...], "time"}
+    metrics.jsonl   {"step", "tokens", "loss", "step_time_s"[, "tokens_per_s", "mfu", "mfu_float8", ...], "time"}
     events.jsonl    {"event", "step", "time"[, "seconds", ...]}
     heartbeats/     {"node", "time", "ranks": {"<rank>": {"step", "phase", "since", "time"[, "compute_s"]}}}
 
@@ -26,14 +26,19 @@ LOSS: Final = "loss"
 STEP_TIME_S: Final = "step_time_s"
 TOKENS_PER_S: Final = "tokens_per_s"
 MFU: Final = "mfu"
+"""Model FLOPs utilisation (nanoGPT's estimate) against the device's dense bf16 peak."""
+MFU_FLOAT8: Final = "mfu_float8"
+"""`precision: float8` runs only: the same against the device's float8 dense peak."""
 COMM_TIME_S: Final = "comm_time_s"
 MEM_PEAK_GIB: Final = "mem_peak_gib"
 LR: Final = "lr"
 GRAD_NORM: Final = "grad_norm"
 
-METRIC_FIELDS: Final = (LOSS, STEP_TIME_S, TOKENS_PER_S, MFU, COMM_TIME_S, MEM_PEAK_GIB, LR, GRAD_NORM, TIME)
-"""A row's numbers the ledger keeps as floats (its step_metric columns, in column order), beside
-`step` and `tokens`."""
+METRIC_FIELDS: Final = (LOSS, STEP_TIME_S, TOKENS_PER_S, MFU, MFU_FLOAT8, COMM_TIME_S, MEM_PEAK_GIB, LR, GRAD_NORM,
+                        TIME)
+"""A row's numbers the ledger keeps as floats (its step_metric columns, in the model's column
+order), beside `step` and `tokens`. A ledger migrated to 0005 stores `mfu_float8` last; every
+statement names its columns, so the stored order does not matter."""
 
 # --- events.jsonl --------------------------------------------------------------------
 EVENT: Final = "event"

@@ -150,6 +150,7 @@ class StepMetric(Base):
     step_time_s: Mapped[float | None] = mapped_column(Float)
     tokens_per_s: Mapped[float | None] = mapped_column(Float)
     mfu: Mapped[float | None] = mapped_column(Float)
+    mfu_float8: Mapped[float | None] = mapped_column(Float)
     comm_time_s: Mapped[float | None] = mapped_column(Float)
     mem_peak_gib: Mapped[float | None] = mapped_column(Float)
     lr: Mapped[float | None] = mapped_column(Float)

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from campaign.errors import CampaignError
 from campaign.exits import ExitClass
-from campaign.fields import METRIC_FIELDS  # the float columns of step_metric, in column order
+from campaign.fields import METRIC_FIELDS, MFU  # the float columns of step_metric, in column order
 from campaign.ledger.models import Attempt, Campaign, Event, Exclusion, Lease, StageRun, StepMetric, utcnow
 
 
@@ -73,12 +73,13 @@ MFU_WINDOW = 200
 state, past the first steps' compilation, without reading a long run's every row."""
 
 
-def stage_mfu(s: Session, stage_run_id: int, *, window: int = MFU_WINDOW) -> float | None:
+def stage_mfu(s: Session, stage_run_id: int, column: str = MFU, *, window: int = MFU_WINDOW) -> float | None:
     """The median model FLOPs utilisation (`step_metric.mfu`, as the trainer computed it with
     nanoGPT's formula against its device's dense bf16 peak) over the newest `window` step rows
-    of the stage run's attempts; None when no row has one (a trainer that does not report it,
-    or a device without a known peak, CPU among them)."""
-    q = (sa.select(StepMetric.mfu).join(Attempt, Attempt.id == StepMetric.attempt_id)
+    of the stage run's attempts that have one; None when none has (a trainer that does not
+    report it, or a device without a known peak, CPU among them). `column="mfu_float8"`: a
+    float8 run's figure against the float8 peak, over the same rows (none: a bf16 run)."""
+    q = (sa.select(getattr(StepMetric, column)).join(Attempt, Attempt.id == StepMetric.attempt_id)
          .where(Attempt.stage_run_id == stage_run_id, StepMetric.mfu.is_not(None))
          .order_by(Attempt.number.desc(), StepMetric.step.desc()).limit(window))
     values = sorted(float(v) for v in s.scalars(q).all() if v is not None and math.isfinite(v))

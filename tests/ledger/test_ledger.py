@@ -289,6 +289,24 @@ def test_ingestion_keeps_nonfinite_losses_and_drops_junk(ledger: Ledger) -> None
     json.dumps(summary, allow_nan=False)
 
 
+def test_a_float8_runs_rows_keep_both_mfu_figures(ledger: Ledger) -> None:
+    """`precision: float8` rows carry `mfu_float8` (against the float8 peak) beside `mfu`; a
+    bf16 row has none. Both travel into the ledger and out through `ledger export`."""
+    from campaign import commands
+
+    _new_campaign(ledger)
+    attempt_id = _attempt(ledger)
+    rows = _steps(1, 3, step1={"mfu": 0.4, "mfu_float8": 0.2}, step2={"mfu": 0.42, "mfu_float8": float("nan")},
+                  step3={"mfu": 0.41})
+    with ledger.session() as s:
+        assert writes.ingest_steps(s, s.get(Attempt, attempt_id), rows) == 3
+    with ledger.session() as s:
+        assert [(m.mfu, m.mfu_float8) for m in reads.list_steps(s, attempt_id)] == [(0.4, 0.2), (0.42, None), (0.41, None)]
+    exported = commands.export_page(ledger, "demo")["rows"]
+    assert [(r["mfu"], r["mfu_float8"]) for r in exported] == [(0.4, 0.2), (0.42, None), (0.41, None)]
+    assert "mfu_float8" in commands.export_columns("steps")
+
+
 def test_tokens_continue_across_attempts(ledger: Ledger) -> None:
     _new_campaign(ledger)
     first = _attempt(ledger)
@@ -667,5 +685,27 @@ def test_scoped_exclusions_across_0004(ledger_url: str) -> None:
             writes.delete_campaign(s, reads.get_campaign(s, "a"))
         with led.session() as s:
             assert [e.node for e in reads.list_exclusions(s, "local", active=False)] == ["n-drill", "n-site"]
+    finally:
+        led.close()
+
+
+def test_mfu_float8_across_0005(ledger_url: str) -> None:
+    """0005 adds `step_metric.mfu_float8`. Downgrading drops it and keeps the rows and their
+    `mfu`; upgrading again leaves the older rows without one and records it for new rows."""
+    led = open_ledger(ledger_url)
+    try:
+        _new_campaign(led)
+        attempt_id = _attempt(led)
+        with led.session() as s:
+            writes.ingest_steps(s, s.get(Attempt, attempt_id), _steps(1, 2, step1={"mfu": 0.4, "mfu_float8": 0.2}))
+        schema.downgrade(led.engine, "0004")
+        with led.engine.connect() as conn:
+            assert "mfu_float8" not in {c["name"] for c in sa.inspect(conn).get_columns("step_metric")}
+            assert conn.execute(sa.text("SELECT step, mfu FROM step_metric ORDER BY step")).all() == [(1, 0.4), (2, None)]
+        schema.upgrade(led.engine)
+        with led.session() as s:
+            writes.ingest_steps(s, s.get(Attempt, attempt_id), _steps(3, 3, step3={"mfu": 0.5, "mfu_float8": 0.25}))
+        with led.session() as s:
+            assert [m.mfu_float8 for m in reads.list_steps(s, attempt_id)] == [None, None, 0.25]
     finally:
         led.close()
