@@ -103,7 +103,7 @@ def live_attempt(s: Session, run: Any, a: Any) -> dict[str, Any]:
            "tokens": int(a.tokens_base + a.tokens) if a.last_step is not None else None,
            "loss": reads.jsonable(a.last_loss), "nodes": list(a.nodes or []), "node_count": len(a.nodes or []),
            "started": reads.iso_time(a.started), "run_dir": a.run_dir or None, "tokens_per_s": None,
-           "step_time_s": None, "eta_s": None, "last_step_age_s": None, "mfu": None}
+           "step_time_s": None, "eta_s": None, "last_step_age_s": None, "mfu": None, "mfu_float8": None}
     if a.last_step is None:
         return out
     back = max(a.first_step or a.last_step, a.last_step - RATE_WINDOW)
@@ -122,6 +122,7 @@ def live_attempt(s: Session, run: Any, a: Any) -> dict[str, Any]:
     if last is not None:
         out["tokens_per_s"] = reads.jsonable(last.tokens_per_s)
         out["mfu"] = reads.jsonable(last.mfu)
+        out["mfu_float8"] = reads.jsonable(last.mfu_float8)
         if not out["tokens_per_s"] and first is not None and per_step and last.step > first.step:
             out["tokens_per_s"] = (last.tokens - first.tokens) / (per_step * (last.step - first.step))
     out["step_time_s"] = per_step

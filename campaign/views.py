@@ -27,9 +27,12 @@ def fmt_tokens(n: int | None) -> str:
     return str(n)
 
 
-def fmt_mfu(x: float | None) -> str:
-    """Model FLOPs utilisation as a percentage of the device's dense bf16 peak: `41.3%`; `-` when unknown."""
-    return "-" if x is None else f"{100 * x:.1f}%"
+def fmt_mfu(x: float | None, float8: float | None = None) -> str:
+    """Model FLOPs utilisation as a percentage of the device's dense bf16 peak: `41.3%`; `-` when
+    unknown. A float8 run's `float8` (against the float8 peak) beside it: `41.3% (float8 peak 20.6%)`."""
+    if x is None:
+        return "-"
+    return f"{100 * x:.1f}%" + (f" (float8 peak {100 * float8:.1f}%)" if isinstance(float8, (int, float)) else "")
 
 
 def fmt_loss(x: float | None) -> str:
@@ -192,15 +195,18 @@ def fmt_nodes(nodes: list[str], count: int, limit: int = 3) -> str:
 
 
 def _numbers_text(numbers: dict[str, Any]) -> str:
+    mfu = numbers.get("mfu")
+    mfu = mfu if isinstance(mfu, (int, float)) else None
     parts = []
     for k, v in numbers.items():
-        if k in NUMBERS_HIDDEN or isinstance(v, dict):
-            continue
+        if k in NUMBERS_HIDDEN or isinstance(v, dict) or (k == "mfu_float8" and mfu is not None):
+            continue  # a float8 run's second MFU figure is shown beside the first
         if isinstance(v, list):
             if len(v) > 6 or any(isinstance(x, (dict, list)) for x in v):
                 continue
             v = "[" + ", ".join(fmt_value(x) for x in v) + "]"
-        parts.append(f"MFU {fmt_mfu(v)}" if k == "mfu" and isinstance(v, (int, float)) else f"{k} {fmt_value(v)}")
+        parts.append(f"MFU {fmt_mfu(mfu, numbers.get('mfu_float8'))}" if k == "mfu" and mfu is not None
+                     else f"{k} {fmt_value(v)}")
     return "; ".join(parts)
 
 
@@ -367,10 +373,15 @@ def fmt_eta(seconds: float | None) -> str:
     return f"eta {m // 60}:{m % 60:02d}:{s:02d}"
 
 
+RUNNING_WIDTH = 80
+"""Columns a running attempt's second line may take before its nodes go on a third."""
+
+
 def running_lines(a: dict[str, Any]) -> list[str]:
     """A running attempt in two lines of at most 80 columns (for a short name):
     `long-run #2 (relaunch 1): step 88/157 (56%)  eta 0:00:03  12.8K tok/s` and
-    `  loss 1.8750  45.1K tok  40 ms/step  2 nodes: local-n0, local-n2` (3 names, then +N)."""
+    `  loss 1.8750  45.1K tok  40 ms/step  2 nodes: local-n0, local-n2` (3 names, then +N);
+    the nodes on a third line when the second would be wider (`MFU 41.3% (float8 peak 20.6%)`)."""
     name = f"{a['stage']} #{a['number']}" + (f" ({a['label']})" if a.get("label") else "")
     if a.get("step") is None:
         head = f"{name}: starting (no step yet)" + (f", target {a['target']} steps" if a.get("target") else "")
@@ -395,8 +406,11 @@ def running_lines(a: dict[str, Any]) -> list[str]:
     if a.get("step_time_s"):
         extra.append(f"{a['step_time_s'] * 1000:.0f} ms/step")
     if a.get("mfu") is not None:
-        extra.append(f"MFU {fmt_mfu(a['mfu'])}")
-    return [head, "  " + "  ".join([*extra, where])]
+        extra.append(f"MFU {fmt_mfu(a['mfu'], a.get('mfu_float8'))}")
+    line = "  " + "  ".join([*extra, where])
+    if len(line) <= RUNNING_WIDTH or not extra:
+        return [head, line]
+    return [head, "  " + "  ".join(extra), "  " + where]  # a float8 run's MFU or long node names
 
 
 def _packed(first: str, items: list[str], width: int) -> list[str]:

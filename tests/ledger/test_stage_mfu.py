@@ -1,5 +1,6 @@
 """Issue 44 item 3: MFU per stage in the ledger (the stage's numbers, from its newest step
-rows, when it ends) and in `campaign status` (the stage numbers; a running attempt's line)."""
+rows, when it ends) and in `campaign status` (the stage numbers; a running attempt's line);
+a float8 run's second figure, against the float8 peak, beside the first."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ from typing import Any
 
 import pytest
 
+from io import StringIO
+
+from rich.console import Console
+
 from campaign import summary
 from campaign.ledger import open_ledger, reads, writes
-from campaign.views import numbers_table, running_lines
+from campaign.views import campaign_detail, numbers_table, running_lines
 
 
 def _rows(first: int, last: int, mfu: Any) -> list[dict[str, Any]]:
@@ -18,8 +23,19 @@ def _rows(first: int, last: int, mfu: Any) -> list[dict[str, Any]]:
              "mfu": mfu(i) if callable(mfu) else mfu, "time": 1000.0 + i} for i in range(first, last + 1)]
 
 
-def _stage(tmp_path: Path, rows: list[dict[str, Any]], state: str = "passed") -> dict[str, Any]:
-    led = open_ledger(f"sqlite:///{tmp_path / 'ledger.db'}")
+def _float8(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of a float8 run on Hopper: the float8 dense peak is about twice the bf16 one."""
+    return [{**r, "mfu_float8": None if r["mfu"] is None else r["mfu"] / 2} for r in rows]
+
+
+def _text(renderable: Any, width: int = 80) -> str:
+    out = StringIO()
+    Console(file=out, width=width, color_system=None).print(renderable)
+    return out.getvalue()
+
+
+def _stage(tmp_path: Path, rows: list[dict[str, Any]], state: str = "passed", url: str | None = None) -> dict[str, Any]:
+    led = open_ledger(url or f"sqlite:///{tmp_path / 'ledger.db'}")
     try:
         with led.session() as s:
             c = writes.create_campaign(s, name="gpu", digest="ab" * 32, spec_json={"name": "gpu"}, source="",
@@ -50,13 +66,8 @@ def test_a_finished_stage_records_the_median_mfu_of_its_newest_steps(tmp_path: P
     assert numbers == {"steps_done": len(rows), "mfu": 0.41}
     table = numbers_table(d)
     assert table is not None
-    from io import StringIO
-
-    from rich.console import Console
-
-    out = StringIO()
-    Console(file=out, width=80, color_system=None).print(table)
-    assert "MFU 41.0%" in out.getvalue() and "steps_done" in out.getvalue()
+    text = _text(table)
+    assert "MFU 41.0%" in text and "steps_done" in text and "float8" not in text
 
 
 def test_a_stage_without_mfu_rows_records_none(tmp_path: Path) -> None:
@@ -68,5 +79,28 @@ def test_a_stage_without_mfu_rows_records_none(tmp_path: Path) -> None:
 def test_a_running_attempt_shows_its_newest_mfu(tmp_path: Path) -> None:
     live = _stage(tmp_path, _rows(1, 30, lambda i: 0.3 + i / 1000), state="running")["live"]
     assert live["mfu"] == pytest.approx(0.33)
+    assert live["mfu_float8"] is None  # a bf16 run: no float8 figure, and status shows none
     head, detail = running_lines(live)
     assert "MFU 33.0%" in detail and len(detail) <= 80, detail
+    assert "float8" not in detail
+
+
+def test_a_float8_stage_records_both_medians_over_the_same_rows(ledger_url: str, tmp_path: Path) -> None:
+    rows = _float8(_rows(1, 50, 0.01) + _rows(51, 50 + reads.MFU_WINDOW, lambda i: (0.40, 0.41, 0.42)[i % 3]))
+    d = _stage(tmp_path, rows, url=ledger_url)["detail"]
+    assert d["stage_numbers"]["long-run"] == {"steps_done": len(rows), "mfu": 0.41, "mfu_float8": 0.205}
+    text = _text(numbers_table(d))
+    assert "MFU 41.0% (float8 peak 20.5%)" in text, text
+    assert "mfu_float8" not in text and "0.205" not in text  # one figure beside the other, not a raw entry
+
+
+def test_a_running_float8_attempt_shows_both_figures_in_80_columns(ledger_url: str, tmp_path: Path) -> None:
+    d = _stage(tmp_path, _float8(_rows(1, 30, lambda i: 0.3 + i / 1000)), state="running", url=ledger_url)["detail"]
+    (live,) = d["running"]  # what `status --json` carries
+    assert (live["mfu"], live["mfu_float8"]) == (pytest.approx(0.33), pytest.approx(0.165))
+    lines = running_lines(live)
+    assert all(len(line) <= 80 for line in lines), lines
+    assert "  loss 3.0000  30.7K tok  1000 ms/step  MFU 33.0% (float8 peak 16.5%)" in lines
+    assert lines[-1] == "  1 node: gpu-n0"  # the nodes go on a line of their own rather than past 80 columns
+    text = _text(campaign_detail(d))
+    assert "MFU 33.0% (float8 peak 16.5%)\n" in text and "  1 node: gpu-n0\n" in text, text
