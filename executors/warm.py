@@ -75,9 +75,15 @@ RLIMITS = ("RLIMIT_NOFILE", "RLIMIT_CORE", "RLIMIT_MEMLOCK", "RLIMIT_STACK")
 PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "numpy", "campaign.report",
            # use_deterministic_algorithms imports dynamo and inductor (0.5 s here); they start no thread.
            "torch._dynamo", "torch._inductor",
+           # torch.compile() imports Inductor's backend (~600 modules, networkx among them) when the
+           # model is wrapped: 0.9 s of a 2-core VM's model build, paid by every relaunch otherwise.
+           "torch._inductor.compile_fx", "torch._dynamo.repro.after_dynamo", "torch._inductor.compiler_bisector",
            "campaign.train.__main__", "campaign.train.loop", "campaign.train.dist", "campaign.train.faults",
-           "campaign.train.signals", "campaign.train.placement", "campaign.train.checkpoint")
+           "campaign.train.signals", "campaign.train.placement", "campaign.train.checkpoint", "campaign.train.model")
 """What the server imports before it serves (CAMPAIGN_WARM_PRELOAD adds more, comma-separated)."""
+PRELOAD_IF_FOUND = {"campaign.train.rotary_triton": "triton"}
+"""Imported too where the package on the right is installed (the rotary's Triton kernels: the
+model imports them when it is built on a CUDA device; importing Triton opens no device)."""
 DEVICE_FILES = ("/dev/nvidia", "/dev/dri/", "/dev/accel/")
 """Device files a GPU driver opens when it is initialised (NVIDIA; Intel's XPU and others through
 DRM or accel): a server holding one has initialised a device, and a child forked from it cannot
@@ -472,8 +478,10 @@ def _closed(conn: Any) -> bool:
 def _preload() -> None:
     extra = [m for m in os.environ.get("CAMPAIGN_WARM_PRELOAD", "").split(",") if m]
     import importlib
+    import importlib.util
 
-    for name in (*PRELOAD, *extra):
+    found = [m for m, pkg in PRELOAD_IF_FOUND.items() if importlib.util.find_spec(pkg) is not None]
+    for name in (*PRELOAD, *found, *extra):
         try:
             importlib.import_module(name)
         except Exception as exc:  # the child meets the same error and exits as a cold start would

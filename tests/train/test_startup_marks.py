@@ -110,6 +110,17 @@ def test_the_fork_server_holds_no_device_after_its_imports():
     assert out == "[]"
 
 
+def test_a_child_of_the_fork_server_wraps_the_model_for_torch_compile_without_importing():
+    """What `torch.compile` imports when the model is wrapped (Inductor's backend) comes with
+    the fork, not in every relaunch's model build (issue 41: "model built" at 1b)."""
+    code = ("import sys; from campaign.executors import warm; warm._preload(); before = set(sys.modules); "
+            "import torch; import campaign.train.model; "
+            "torch.compile(torch.nn.Linear(2, 2)); print(sorted(set(sys.modules) - before)[:5])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}).stdout.strip().splitlines()[-1]
+    assert out == "[]"
+
+
 def test_the_trainer_writes_its_startup_marks_after_the_first_step(launch, tmp_path):
     ck = tmp_path / "ck"
     first = launch(tiny_config(ck, run={"max_steps": 4}, train={"checkpoint_every": 2}), world=1, name="a1")
