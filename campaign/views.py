@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from campaign.exits import ExitClass
 from campaign.goodput import rescued_words
@@ -86,7 +89,6 @@ class StagesTable:
         return t
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
-        from rich.text import Text
 
         narrow = options.max_width < NARROW
         yield self.table(narrow)
@@ -156,7 +158,6 @@ def rows_table(title: str, rows: list[dict[str, Any]], columns: list[str],
 
 def console(file: Any = None) -> Any:
     """A Rich console: the terminal's width on a TTY, 120 columns in logs and pipes."""
-    from rich.console import Console
 
     c = Console(file=file, highlight=False, soft_wrap=False)
     if not c.is_terminal:
@@ -224,27 +225,70 @@ def numbers_table(detail: dict[str, Any]) -> Table | None:
     return t
 
 
+ATTEMPT_COLUMNS = (("stage", {}), ("#", {"justify": "right"}), ("label", {}), ("exit class", {}),
+                   ("exit", {"justify": "right"}), ("steps", {"justify": "right"}), ("tokens", {"justify": "right"}),
+                   ("last loss", {"justify": "right"}), ("took", {"justify": "right"}))
+"""The attempts table's columns kept on one line each; `nodes` (last) folds."""
+NODES_MIN = 12
+
+
 def attempts_table(attempts: list[dict[str, Any]]) -> Table:
     """Every attempt: exit class and code, nodes, the steps and tokens it reached."""
     t = Table(title="attempts", title_justify="left", expand=True)
-    for col, kw in (("stage", {}), ("#", {"justify": "right"}), ("label", {}), ("exit class", {}),
-                    ("exit", {"justify": "right"}), ("steps", {"justify": "right"}), ("tokens", {"justify": "right"}),
-                    ("last loss", {"justify": "right"}), ("took", {"justify": "right"})):
+    for col, kw in ATTEMPT_COLUMNS:
         t.add_column(col, no_wrap=True, **kw)
-    t.add_column("nodes", overflow="fold", ratio=1, min_width=12)
-    prev: dict[str, Any] | None = None
+    t.add_column("nodes", overflow="fold", ratio=1, min_width=NODES_MIN)
+    for cells in _attempt_cells(attempts):
+        t.add_row(*cells)
+    return t
+
+
+def _attempt_cells(attempts: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """Each attempt's cells (markup), in ATTEMPT_COLUMNS' order, then its nodes."""
+    rows, prev = [], None
     for a in attempts:
         relaunch = (prev is not None and prev["stage"] == a["stage"]
                     and prev["state"] not in (ExitClass.SUCCEEDED, "running"))
         steps = "-" if a["last_step"] is None else f"{a['first_step']}-{a['last_step']}"
-        t.add_row(escape(a["stage"]), str(a["number"]),
-                  escape(a["label"] or (f"relaunch {a['number'] - 1}" if relaunch else "")),
-                  _state(a["state"]), "-" if a["exit_code"] is None else str(a["exit_code"]), steps,
-                  fmt_tokens(a["tokens"]), fmt_loss(a["last_loss"]), fmt_duration(a["duration_s"]),
-                  escape(fmt_nodes(a["nodes"], a["node_count"]) + (f" (suspects: {', '.join(a['suspects'])})"
-                                                                    if a.get("suspects") else "")))
+        rows.append((escape(a["stage"]), str(a["number"]),
+                     escape(a["label"] or (f"relaunch {a['number'] - 1}" if relaunch else "")),
+                     _state(a["state"]), "-" if a["exit_code"] is None else str(a["exit_code"]), steps,
+                     fmt_tokens(a["tokens"]), fmt_loss(a["last_loss"]), fmt_duration(a["duration_s"]),
+                     escape(fmt_nodes(a["nodes"], a["node_count"]) + (f" (suspects: {', '.join(a['suspects'])})"
+                                                                      if a.get("suspects") else ""))))
         prev = a
-    return t
+    return rows
+
+
+class AttemptsView:
+    """The attempts table where its one-line columns fit the terminal; else two lines per
+    attempt (at 80 columns the table had shown `lon…`, `…` and no nodes at all)."""
+
+    def __init__(self, attempts: list[dict[str, Any]], caption: str | None = None) -> None:
+        self.attempts, self.rows, self.caption = attempts, _attempt_cells(attempts), caption
+
+    def width(self) -> int:
+        """What the table needs: its one-line columns whole, the nodes at their minimum
+        (a cell's padding and its left rule: 3 columns; the last rule: 1)."""
+        cols = [max([len(h)] + [Text.from_markup(r[i]).cell_len for r in self.rows])
+                for i, (h, _) in enumerate(ATTEMPT_COLUMNS)]
+        return sum(cols) + NODES_MIN + 3 * (len(cols) + 1) + 1
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if self.width() <= options.max_width:
+            t = attempts_table(self.attempts)
+            t.caption = self.caption
+            yield t
+            return
+        yield Text("attempts", style="italic")
+        for stage, number, label, state, code, steps, tokens, loss, took, nodes in self.rows:
+            exit_ = "" if code == "-" else f" (exit {code})"
+            yield Text.from_markup(f"{stage} #{number}  {state}{exit_}  steps {steps}  {tokens} tok  loss {loss}",
+                                   overflow="fold")
+            yield Text.from_markup("    " + "; ".join(x for x in (f"took {took}", label, f"nodes {nodes}") if x),
+                                   overflow="fold")
+        if self.caption:
+            yield Text(self.caption, style="dim")
 
 
 def run_dirs_table(attempts: list[dict[str, Any]]) -> Table:
@@ -284,7 +328,6 @@ def campaign_detail(detail: dict[str, Any]) -> Any:
     """One campaign in full (the `status NAME --json` shape with its detail keys): stages
     with verdicts, stage numbers, attempts, excluded nodes, scaling tables, recent events."""
     from rich.console import Group
-    from rich.text import Text
 
     parts: list[Any] = [Text(f"site {detail.get('site', '-')}, version {detail.get('version', 1)}, "
                              f"updated {(detail.get('updated') or '-')[:16]}")]
@@ -302,10 +345,8 @@ def campaign_detail(detail: dict[str, Any]) -> Any:
         parts.append(numbers)
     attempts = detail.get("attempts_detail") or []
     if attempts:
-        t = attempts_table(attempts[-MAX_ATTEMPTS_SHOWN:])
-        if len(attempts) > MAX_ATTEMPTS_SHOWN:
-            t.caption = f"the last {MAX_ATTEMPTS_SHOWN} of {len(attempts)} attempts (--json lists every one)"
-        parts.append(t)
+        parts.append(AttemptsView(attempts[-MAX_ATTEMPTS_SHOWN:], f"the last {MAX_ATTEMPTS_SHOWN} of {len(attempts)} "
+                                  "attempts (--json lists every one)" if len(attempts) > MAX_ATTEMPTS_SHOWN else None))
         parts.append(run_dirs_table(attempts[-MAX_ATTEMPTS_SHOWN:]))
     if detail.get("exclusions"):
         parts.append(exclusions_table(detail["exclusions"]))
@@ -456,7 +497,6 @@ def watch_view(detail: dict[str, Any], width: int = 80, height: int = 24) -> Any
     import textwrap
 
     from rich.console import Group
-    from rich.text import Text
 
     head, excl, events = watch_lines(detail, width)
     lines = [(line, "bold" if i == 0 else "") for i, line in enumerate(head)]

@@ -158,3 +158,46 @@ def test_the_attempts_table_shows_each_label_once() -> None:
     assert "relaunch relaunch" not in text and "relaunch confirming" not in text
     assert "relaunch 1" in text and "confirming retry" in text
     assert [line.split("│")[3].strip() for line in text.splitlines() if line.startswith("│")][-1] == "relaunch 3"
+
+
+def _history() -> list[dict]:
+    """A long run's three attempts as the 124m relaunch benchmark left them (a kill, a hang)."""
+    def row(number: int, label: str, state: str, code: int, steps: tuple[int, int], suspects: list[str]) -> dict:
+        return {"stage": "long-run", "number": number, "label": label, "state": state, "exit_code": code,
+                "first_step": steps[0], "last_step": steps[1], "tokens": 8192 * steps[1], "last_loss": 1.4979,
+                "duration_s": 35.2, "nodes": ["local-n0"], "node_count": 1, "suspects": suspects}
+    return [row(1, "", "crashed_unknown", 137, (1, 44), []),
+            row(2, "relaunch 1, confirming retry", "stalled", 124, (21, 94), ["local-n0"]),
+            row(3, "", "succeeded", 0, (81, 120), [])]
+
+
+def test_the_attempts_read_whole_at_80_columns() -> None:
+    """At 80 columns the ten-column table cut every cell (`lon…`, `…`) and dropped the nodes;
+    there each attempt takes two lines instead, every value whole."""
+    from rich.console import Console
+
+    from campaign.views import AttemptsView
+
+    console = Console(width=80, record=True, color_system=None)
+    console.print(AttemptsView(_history()))
+    text = console.export_text()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+    assert "long-run #1  crashed_unknown (exit 137)  steps 1-44" in text
+    assert "\n    took 35.2 s; relaunch 1, confirming retry; nodes 1:" in text  # wrapped from here
+    assert "took 35.2 s; relaunch 1, confirming retry; nodes 1: local-n0 (suspects: local-n0)" in " ".join(text.split())
+    assert "long-run #3  succeeded (exit 0)  steps 81-120" in text and "relaunch 2; nodes 1: local-n0" in text
+
+
+def test_the_attempts_table_where_it_fits_and_not_one_column_less() -> None:
+    from rich.console import Console
+
+    from campaign.views import AttemptsView
+
+    view = AttemptsView(_history(), caption="the last 3 of 3 attempts")
+    for width, table in ((view.width(), True), (view.width() - 1, False)):
+        console = Console(width=width, record=True, color_system=None)
+        console.print(view)
+        text = console.export_text()
+        assert ("exit class" in text) is table, width
+        assert "…" not in text, text
+        assert "the last 3 of 3 attempts" in text
