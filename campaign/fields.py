@@ -34,11 +34,11 @@ MEM_PEAK_GIB: Final = "mem_peak_gib"
 LR: Final = "lr"
 GRAD_NORM: Final = "grad_norm"
 
-METRIC_FIELDS: Final = (LOSS, STEP_TIME_S, TOKENS_PER_S, MFU, MFU_FLOAT8, COMM_TIME_S, MEM_PEAK_GIB, LR, GRAD_NORM,
-                        TIME)
+METRIC_FIELDS: Final = (LOSS, STEP_TIME_S, TOKENS_PER_S, MFU, COMM_TIME_S, MEM_PEAK_GIB, LR, GRAD_NORM, TIME,
+                        MFU_FLOAT8)
 """A row's numbers the ledger keeps as floats (its step_metric columns, in the model's column
-order), beside `step` and `tokens`. A ledger migrated to 0005 stores `mfu_float8` last; every
-statement names its columns, so the stored order does not matter."""
+order), beside `step` and `tokens`. `mfu_float8` (migration 0005) comes last, where a migrated
+ledger stores it and where `ledger export`'s CSV gained it (earlier columns keep their places)."""
 
 # --- events.jsonl --------------------------------------------------------------------
 EVENT: Final = "event"

@@ -150,12 +150,13 @@ class StepMetric(Base):
     step_time_s: Mapped[float | None] = mapped_column(Float)
     tokens_per_s: Mapped[float | None] = mapped_column(Float)
     mfu: Mapped[float | None] = mapped_column(Float)
-    mfu_float8: Mapped[float | None] = mapped_column(Float)
     comm_time_s: Mapped[float | None] = mapped_column(Float)
     mem_peak_gib: Mapped[float | None] = mapped_column(Float)
     lr: Mapped[float | None] = mapped_column(Float)
     grad_norm: Mapped[float | None] = mapped_column(Float)
     time: Mapped[float | None] = mapped_column(Float)
+    mfu_float8: Mapped[float | None] = mapped_column(Float)
+    """Last, where migration 0005 added it: a CSV export read by position keeps its columns."""
 
 
 class Checkpoint(Timestamped, Base):

@@ -2,7 +2,7 @@
 `tensorboard` extra: its own event-file writer and summary protos, no TensorFlow).
 
     DIR/CAMPAIGN/STAGE/attempt-N/   scalars of one attempt: loss, lr, tokens, tokens_per_s, step_time_s,
-                                    mem_peak_gib (and mfu, comm_time_s, grad_norm when the trainer reports them)
+                                    mem_peak_gib (and mfu, mfu_float8, comm_time_s, grad_norm when the trainer reports them)
     DIR/CAMPAIGN/STAGE/events/      the stage's ledger events as text, one tag per kind (relaunch, node_excluded, ...)
     DIR/CAMPAIGN/events/            the campaign's own events (its state, block renewals, the driver giving up)
 
@@ -23,7 +23,8 @@ from typing import Any
 
 from campaign.observe.base import Observer, Record
 
-SCALARS = ("loss", "lr", "tokens", "tokens_per_s", "step_time_s", "mem_peak_gib", "mfu", "comm_time_s", "grad_norm")
+SCALARS = ("loss", "lr", "tokens", "tokens_per_s", "step_time_s", "mem_peak_gib", "mfu", "mfu_float8", "comm_time_s",
+           "grad_norm")
 """Fields of a metrics.jsonl row written as scalars (under the same names), when present."""
 
 

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from campaign.observe.config import WandbConfig
     from campaign.spec import CampaignSpec
 
-METRICS = ("loss", "lr", "tokens", "tokens_per_s", "step_time_s", "mem_peak_gib", "mfu", "comm_time_s", "grad_norm")
+METRICS = ("loss", "lr", "tokens", "tokens_per_s", "step_time_s", "mem_peak_gib", "mfu", "mfu_float8", "comm_time_s",
+           "grad_norm")
 """Fields of a metrics.jsonl row logged (under the same names), when present."""
 
 ALERTS = {"relaunch": "WARN", "node_excluded": "WARN", "confirmed": "WARN", "rescue": "INFO", "straggler": "INFO"}

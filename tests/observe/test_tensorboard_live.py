@@ -77,3 +77,15 @@ def test_the_driver_s_tensorboard_sink_is_live_too(tmp_path: Path) -> None:
         assert run.is_dir() and sorted(scalars(run, "loss")) == [1, 2], "not in the files while the driver runs"
     finally:
         assert sink.close() == [f"TensorBoard: tensorboard --logdir {tmp_path / 'tb'}"]
+
+
+def test_a_float8_run_s_mfu_against_both_peaks_is_on_the_board(tmp_path: Path) -> None:
+    """A `precision: float8` row's `mfu_float8` (against the float8 peak) is a scalar beside `mfu`."""
+    tb = TensorBoard(tmp_path / "tb" / "f8")
+    try:
+        tb.steps("long", 1, [{**_row(s), "mfu": 0.4, "mfu_float8": 0.2} for s in (1, 2)])
+        run = tmp_path / "tb" / "f8" / "long" / "attempt-1"
+        assert scalars(run, "mfu") == pytest.approx({1: 0.4, 2: 0.4})
+        assert scalars(run, "mfu_float8") == pytest.approx({1: 0.2, 2: 0.2})
+    finally:
+        tb.close()
