@@ -63,7 +63,8 @@ from typing import Any
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 """Signals the client passes on to its child."""
 IMPORT_TIME_ENV = ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX",
-                   "MALLOC_CONF", "PYTORCH_NVML_BASED_CUDA_CHECK", "CAMPAIGN_WARM_PRELOAD")
+                   "MALLOC_CONF", "PYTORCH_NVML_BASED_CUDA_CHECK", "CAMPAIGN_WARM_PRELOAD",
+                   "TRITON_INTERPRET")  # read when a Triton kernel is decorated (the preloaded rotary's)
 """Read when torch or Python starts: a server serves only clients with the same values."""
 PER_LAUNCH_PREFIXES = ("CAMPAIGN_", "PMI_", "PMIX_", "PALS_", "OMPI_", "TORCHELASTIC_", "SLURM_STEP", "MPI_LOCAL")
 PER_LAUNCH = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",

@@ -167,3 +167,16 @@ def test_the_relaunch_breakdown_from_a_recorded_pair(tmp_path):
     # step 30 was reached again at t+60.5+9; lost = that - t+30 - one step
     assert r["lost_s"] == pytest.approx(60.5 + 9 - 30 - 1.0)
     assert r["to_first_step_s"] == pytest.approx(60.5 - 30)
+
+
+def test_the_fork_server_preloads_a_module_only_where_its_package_is_installed(monkeypatch, capsys):
+    """`PRELOAD_IF_FOUND`: the rotary's Triton kernels where Triton is installed; elsewhere
+    nothing is tried (no "cannot preload" line in the server's log)."""
+    import sys as _sys
+
+    monkeypatch.setattr(warm, "PRELOAD", ())
+    monkeypatch.setattr(warm, "PRELOAD_IF_FOUND", {"email.mime.audio": "email", "nosuchpkg_x.kernels": "nosuchpkg_x"})
+    monkeypatch.delitem(_sys.modules, "email.mime.audio", raising=False)
+    warm._preload()
+    assert "email.mime.audio" in _sys.modules
+    assert "cannot preload" not in capsys.readouterr().out
