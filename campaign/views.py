@@ -282,11 +282,12 @@ class AttemptsView:
             return
         yield Text("attempts", style="italic")
         for stage, number, label, state, code, steps, tokens, loss, took, nodes in self.rows:
-            exit_ = "" if code == "-" else f" (exit {code})"
-            yield Text.from_markup(f"{stage} #{number}  {state}{exit_}  steps {steps}  {tokens} tok  loss {loss}",
-                                   overflow="fold")
-            yield Text.from_markup("    " + "; ".join(x for x in (f"took {took}", label, f"nodes {nodes}") if x),
-                                   overflow="fold")
+            known = [f"{k}{v}{unit}" for k, v, unit in (("steps ", steps, ""), ("", tokens, " tok"), ("loss ", loss, ""))
+                     if v != "-"]  # a running attempt has none of them yet
+            yield Text.from_markup("  ".join([f"{stage} #{number}", state + ("" if code == "-" else f" (exit {code})"),
+                                              *known]), overflow="fold")
+            yield Text.from_markup("    " + "; ".join(x for x in (took != "-" and f"took {took}", label,
+                                                                 f"nodes {nodes}") if x), overflow="fold")
         if self.caption:
             yield Text(self.caption, style="dim")
 

@@ -201,3 +201,17 @@ def test_the_attempts_table_where_it_fits_and_not_one_column_less() -> None:
         assert ("exit class" in text) is table, width
         assert "…" not in text, text
         assert "the last 3 of 3 attempts" in text
+
+
+def test_a_running_attempt_at_80_columns_shows_what_it_has() -> None:
+    from rich.console import Console
+
+    from campaign.views import AttemptsView
+
+    running = {**_history()[0], "number": 4, "state": "running", "exit_code": None, "first_step": None,
+               "last_step": None, "tokens": None, "last_loss": None, "duration_s": None, "suspects": []}
+    console = Console(width=80, record=True, color_system=None)
+    console.print(AttemptsView([*_history(), running]))
+    lines = console.export_text().splitlines()
+    i = lines.index("long-run #4  running")
+    assert lines[i + 1] == "    nodes 1: local-n0"  # no "steps -", "- tok", "took -"
