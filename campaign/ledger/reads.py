@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import statistics
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from campaign.errors import CampaignError
 from campaign.exits import ExitClass
-from campaign.fields import METRIC_FIELDS, MFU  # the float columns of step_metric, in column order
+from campaign.fields import METRIC_FIELDS, MFU, MFU_FLOAT8  # the float columns of step_metric, in column order
 from campaign.ledger.models import Attempt, Campaign, Event, Exclusion, Lease, StageRun, StepMetric, utcnow
 
 
@@ -73,20 +74,21 @@ MFU_WINDOW = 200
 state, past the first steps' compilation, without reading a long run's every row."""
 
 
-def stage_mfu(s: Session, stage_run_id: int, column: str = MFU, *, window: int = MFU_WINDOW) -> float | None:
-    """The median model FLOPs utilisation (`step_metric.mfu`, as the trainer computed it with
-    nanoGPT's formula against its device's dense bf16 peak) over the newest `window` step rows
-    of the stage run's attempts that have one; None when none has (a trainer that does not
-    report it, or a device without a known peak, CPU among them). `column="mfu_float8"`: a
-    float8 run's figure against the float8 peak, over the same rows (none: a bf16 run)."""
-    q = (sa.select(getattr(StepMetric, column)).join(Attempt, Attempt.id == StepMetric.attempt_id)
+def stage_mfu(s: Session, stage_run_id: int, *, window: int = MFU_WINDOW) -> dict[str, float]:
+    """The median model FLOPs utilisation over the newest `window` step rows of the stage run's
+    attempts that have one, as the trainer computed it with nanoGPT's formula: `mfu` against its
+    device's dense bf16 peak and, for a float8 run, `mfu_float8` against the float8 peak (one
+    read of those rows for both). Empty when no row has one (a trainer that does not report it,
+    or a device without a known peak, CPU among them)."""
+    q = (sa.select(StepMetric.mfu, StepMetric.mfu_float8).join(Attempt, Attempt.id == StepMetric.attempt_id)
          .where(Attempt.stage_run_id == stage_run_id, StepMetric.mfu.is_not(None))
          .order_by(Attempt.number.desc(), StepMetric.step.desc()).limit(window))
-    values = sorted(float(v) for v in s.scalars(q).all() if v is not None and math.isfinite(v))
-    if not values:
-        return None
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    out = {}
+    for name, values in zip((MFU, MFU_FLOAT8), zip(*s.execute(q).all())):
+        finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+        if finite:
+            out[name] = statistics.median(finite)
+    return out
 
 
 def list_exclusions(s: Session, site: str | None = None, *, active: bool = True, now: dt.datetime | None = None,

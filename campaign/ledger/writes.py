@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from campaign.exits import ExitClass
-from campaign.fields import LOSS, METRIC_FIELDS, MFU, MFU_FLOAT8, STEP, TOKENS
+from campaign.fields import LOSS, METRIC_FIELDS, STEP, TOKENS
 from campaign.ledger.models import Attempt, Campaign, Checkpoint, Event, Exclusion, Lease, StageRun, db_utcnow, utcnow
 from campaign.ledger.db import COMMITTED_EVENTS
 from campaign.ledger.reads import current_stage_runs, event_record, get_lease, jsonable, list_exclusions, stage_mfu
@@ -79,26 +79,14 @@ def set_stage_state(s: Session, run: StageRun, state: str, *, verdict: str | Non
         run.verdict = verdict
     elif state == "running":
         run.verdict = None  # an earlier run's verdict (a cancel's, say) is no longer what the stage says
-    if state in ("passed", "failed"):
-        numbers = _with_stage_mfu(s, run, numbers)
+    mfu = stage_mfu(s, run.id) if state in ("passed", "failed") else {}  # a device with a known peak
+    if mfu:
+        numbers = {**(numbers if numbers is not None else run.numbers or {}), **{k: round(v, 4) for k, v in mfu.items()}}
     if numbers is not None:
         run.numbers = jsonable(numbers)
     add_event(s, run.campaign, "stage_state", f"stage {run.name}: {run.state} -> {state}" + (f": {verdict}" if verdict else ""),
               stage_run=run, data={"from": run.state, "to": state})
     run.state = state
-
-
-def _with_stage_mfu(s: Session, run: StageRun, numbers: dict[str, Any] | None) -> dict[str, Any] | None:
-    """`numbers` with the stage's MFU from its newest step rows (a device with a known peak)
-    and, for a float8 run, its MFU against the float8 peak; as they were when it has none.
-    No float8 figure without a bf16 one (the float8 median reads the same rows), so a stage
-    without MFU, on CPU say, pays one query as before."""
-    for column in (MFU, MFU_FLOAT8):
-        mfu = stage_mfu(s, run.id, column)
-        if mfu is None:
-            break
-        numbers = {**(numbers if numbers is not None else run.numbers or {}), column: round(mfu, 4)}
-    return numbers
 
 
 def create_attempt(s: Session, run: StageRun, *, nodes: list[str], ranks_per_node: int, run_dir: str,
