@@ -86,8 +86,9 @@ class Block:
         self.site = site
         self._warm = warm
         self._warm_server: Any = None
-        self._warm_scope: dict[str, str] = {}
         """The fork server this driver started (`_prestart_warm`), reaped once it exits."""
+        self._warm_scope: dict[str, str] = {}
+        """The scope `_prestart_warm` put in this process's environment, removed at unload."""
         self.campaign_dir = campaign_dir
         self._record = record
         self._runner = runner

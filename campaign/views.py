@@ -9,7 +9,6 @@ from typing import Any
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
-from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -89,7 +88,6 @@ class StagesTable:
         return t
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
-
         narrow = options.max_width < NARROW
         yield self.table(narrow)
         if narrow:
@@ -158,7 +156,6 @@ def rows_table(title: str, rows: list[dict[str, Any]], columns: list[str],
 
 def console(file: Any = None) -> Any:
     """A Rich console: the terminal's width on a TTY, 120 columns in logs and pipes."""
-
     c = Console(file=file, highlight=False, soft_wrap=False)
     if not c.is_terminal:
         c = Console(file=file, highlight=False, width=120)
@@ -234,11 +231,15 @@ NODES_MIN = 12
 
 def attempts_table(attempts: list[dict[str, Any]]) -> Table:
     """Every attempt: exit class and code, nodes, the steps and tokens it reached."""
-    t = Table(title="attempts", title_justify="left", expand=True)
+    return _cells_table(_attempt_cells(attempts))
+
+
+def _cells_table(rows: list[tuple[str, ...]], caption: str | None = None) -> Table:
+    t = Table(title="attempts", title_justify="left", expand=True, caption=caption)
     for col, kw in ATTEMPT_COLUMNS:
         t.add_column(col, no_wrap=True, **kw)
     t.add_column("nodes", overflow="fold", ratio=1, min_width=NODES_MIN)
-    for cells in _attempt_cells(attempts):
+    for cells in rows:
         t.add_row(*cells)
     return t
 
@@ -265,7 +266,7 @@ class AttemptsView:
     attempt (at 80 columns the table had shown `lon…`, `…` and no nodes at all)."""
 
     def __init__(self, attempts: list[dict[str, Any]], caption: str | None = None) -> None:
-        self.attempts, self.rows, self.caption = attempts, _attempt_cells(attempts), caption
+        self.rows, self.caption = _attempt_cells(attempts), caption
 
     def width(self) -> int:
         """What the table needs: its one-line columns whole, the nodes at their minimum
@@ -276,9 +277,7 @@ class AttemptsView:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         if self.width() <= options.max_width:
-            t = attempts_table(self.attempts)
-            t.caption = self.caption
-            yield t
+            yield _cells_table(self.rows, self.caption)
             return
         yield Text("attempts", style="italic")
         for stage, number, label, state, code, steps, tokens, loss, took, nodes in self.rows:

@@ -478,7 +478,6 @@ def _closed(conn: Any) -> bool:
 
 def _preload() -> None:
     extra = [m for m in os.environ.get("CAMPAIGN_WARM_PRELOAD", "").split(",") if m]
-    import importlib
     import importlib.util
 
     found = [m for m, pkg in PRELOAD_IF_FOUND.items() if importlib.util.find_spec(pkg) is not None]
