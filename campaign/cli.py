@@ -431,8 +431,10 @@ def inject(name: str, fault: str, rank: int, after_step: int, which: str, stage:
 def status(name: str | None, db_url: str | None, workdir: Path, as_json: bool, watch: bool, interval: float,
            count: int | None, endpoint: str | None) -> None:
     """Show the campaigns in the ledger, or one campaign in detail: stages with verdicts
-    and numbers, running attempts (step/target, ETA, tokens/s, loss, nodes), attempts with
-    exit classes and nodes, excluded nodes, the scaling table. A campaign whose driver died
+    and numbers (MFU against the device's bf16 peak; a float8 run's also against its float8
+    peak), running attempts (step/target, ETA, tokens/s, loss, nodes), attempts with exit
+    classes and nodes (two lines each where the table would not fit the terminal), excluded
+    nodes, the scaling table. A campaign whose driver died
     reads `driver gone (pid P on HOST): run `campaign resume NAME`` (state "driver_gone").
 
     With --json and a NAME, prints {"name", "state", "stages": [{"name", "kind", "state",
