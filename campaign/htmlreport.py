@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from campaign.errors import CampaignError
-from campaign.views import GOODPUT_LABELS, fmt_duration, fmt_loss, fmt_tokens, fmt_value, goodput_line
+from campaign.views import GOODPUT_LABELS, NUMBERS_HIDDEN, fmt_duration, fmt_loss, fmt_mfu, fmt_tokens, fmt_value, goodput_line
 
 MAX_ATTEMPTS = 500
 """Attempts listed (the newest); the ledger export has them all."""
@@ -275,7 +275,9 @@ def _scaling(d: dict[str, Any]) -> str:
 def _numbers(d: dict[str, Any]) -> str:
     rows = []
     for name, numbers in (d.get("stage_numbers") or {}).items():
-        shown = {k: v for k, v in numbers.items() if k not in ("table", "traceback")}
+        shown = {k: v for k, v in numbers.items() if k not in NUMBERS_HIDDEN}
+        if isinstance(shown.get("mfu"), (int, float)):  # as status reads it: `40.0% (float8 peak 20.0%)`
+            shown["MFU"] = fmt_mfu(shown.pop("mfu"), shown.pop("mfu_float8", None))
         if shown:
             rows.append([e(name), _evidence(shown)])
     return _section("numbers", _table(["stage", "numbers"], rows)) if rows else ""

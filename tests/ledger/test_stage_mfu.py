@@ -104,3 +104,14 @@ def test_a_running_float8_attempt_shows_both_figures_in_80_columns(ledger_url: s
     assert lines[-1] == "  1 node: gpu-n0"  # the nodes go on a line of their own rather than past 80 columns
     text = _text(campaign_detail(d))
     assert "MFU 33.0% (float8 peak 16.5%)\n" in text and "  1 node: gpu-n0\n" in text, text
+
+
+def test_the_html_report_reads_a_float8_run_s_mfu_as_status_does(tmp_path: Path) -> None:
+    """The page's stage numbers said `mfu 0.41` and `mfu_float8 0.205`; now one `MFU` entry
+    with status's wording."""
+    from campaign.htmlreport import _numbers
+
+    d = _stage(tmp_path, _float8(_rows(1, 50, 0.41)))["detail"]
+    page = _numbers(d)
+    assert "<dt>MFU</dt><dd><span>41.0% (float8 peak 20.5%)</span></dd>" in page
+    assert "mfu_float8" not in page and "<dt>mfu</dt>" not in page
