@@ -398,10 +398,42 @@ def _prepare_schema(engine: sa.Engine, url: str, *, create: bool, check: bool) -
         with schema_lock(engine):
             current, empty = _revision(engine)
             if empty and create:
-                schema.upgrade(engine)
+                _create_schema(engine)
                 return
     if check:
         schema.check(engine, current, url)
+
+
+def _create_schema(engine: sa.Engine) -> None:
+    """Migrate a new, empty ledger to this release's head in one transaction: a failure part
+    way (a full disk) leaves it empty, created again by the next open, instead of some tables
+    and no revision, which only deleting the file mended ("at schema revision (none) ...
+    upgrade it", and the upgrade met the half-made tables). Postgres' DDL is transactional
+    already. pysqlite runs DDL outside the transaction it reports, so SQLite gets an engine of
+    its own with the driver in autocommit and BEGIN emitted by SQLAlchemy (its documented
+    recipe for pysqlite), used for the creation only: inside that transaction `PRAGMA
+    foreign_keys` cannot be switched off for batch migrations, harmless on empty tables but
+    not for `campaign db upgrade` of a ledger with rows. A full disk is told in one line
+    (`DiskFull`), the folder named."""
+    from campaign.ledger import schema
+
+    own = engine
+    if engine.dialect.name == "sqlite":
+        own = sa.create_engine(engine.url, poolclass=sa.pool.NullPool)
+        sa.event.listen(own, "connect", _sqlite_pragmas)
+        sa.event.listen(own, "connect", lambda dbapi_conn, _record: setattr(dbapi_conn, "isolation_level", None))
+        sa.event.listen(own, "begin", lambda conn: conn.exec_driver_sql("BEGIN"))
+    try:
+        schema.upgrade(own, one_transaction=True)
+    except sa.exc.DBAPIError as e:
+        if disk_full(e):
+            raise DiskFull(f"cannot create the ledger at {_shown(engine)}: {e.orig}{_full(engine)}; nothing was "
+                           "written, submit again once there is room") from None
+        raise explain(e, engine) or LedgerError(
+            f"cannot create the ledger at {_shown(engine)}: {e.orig}{_full(engine)}") from None
+    finally:
+        if own is not engine:
+            own.dispose()
 
 
 def _revision(engine: sa.Engine) -> tuple[str | None, bool]:

@@ -33,8 +33,12 @@ def current_revision(conn: sa.Connection) -> str | None:
     return MigrationContext.configure(conn).get_current_revision()
 
 
-def upgrade(engine: sa.Engine, revision: str = "head") -> None:
-    command.upgrade(alembic_config(engine), revision)
+def upgrade(engine: sa.Engine, revision: str = "head", *, one_transaction: bool = False) -> None:
+    """Migrate to `revision`. `one_transaction`: every migration in one transaction, even on
+    SQLite (Alembic's default there is one per migration; see `db._create_schema`)."""
+    cfg = alembic_config(engine)
+    cfg.attributes["one_transaction"] = one_transaction
+    command.upgrade(cfg, revision)
 
 
 def downgrade(engine: sa.Engine, revision: str) -> None:

@@ -297,6 +297,29 @@ def test_commands_on_a_ledger_whose_disk_is_full_say_so_in_one_line(tmpfs: Path)
         assert _sha(tmpfs / "ledger.db") == before, argv
 
 
+def test_a_first_submit_onto_a_disk_that_fills_while_the_ledger_is_created_leaves_it_empty(
+        tmp_path: Path, tmpfs: Path) -> None:
+    """A new ledger on a file system with room for part of its schema (here 64 KiB): the first
+    submit fails in one line saying the file system is full, and leaves an empty database,
+    not some tables and no revision (before: a traceback, then every later command said
+    "at schema revision (none) ... upgrade it"). Once there is room, the next open creates it."""
+    _fill(tmpfs)
+    filler = tmpfs / "filler"
+    os.truncate(filler, filler.stat().st_size - 64 * 1024)
+    code, _, err = _cli("submit", _spec(tmp_path), "--workdir", tmpfs)
+    _one_line_error(code, err, "cannot create the ledger", "its file system is full", str(tmpfs))
+    with sa.create_engine(f"sqlite:///{tmpfs / 'ledger.db'}").connect() as conn:
+        assert sa.inspect(conn).get_table_names() == [], "no half-made schema"
+    filler.unlink()
+    from campaign.ledger import schema
+
+    led = open_ledger(f"sqlite:///{tmpfs / 'ledger.db'}")
+    with led.engine.connect() as conn:
+        assert schema.current_revision(conn) == schema.head_revision()
+    code, out, err = _cli("status", "--workdir", tmpfs)
+    assert code == 0, err
+
+
 def test_export_onto_a_full_disk_is_one_line_and_leaves_nothing(tmp_path: Path, full_disk: Path) -> None:
     """`ledger export --out` onto a full disk, and the same export redirected there from
     standard output: one line naming where, exit 2, no traceback, no part file left."""
