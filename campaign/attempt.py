@@ -15,6 +15,8 @@ runs each through its attempt runner (`campaign.runner`; the Parsl app by defaul
 
 from __future__ import annotations
 
+import os
+
 import dataclasses
 import re
 import sys
@@ -358,6 +360,14 @@ def version_root(campaign_dir: Path, version: int) -> Path:
     checkpoints): the campaign's folder for the first, `vN/` in it for later ones, so a new
     version never resumes an older one's checkpoints."""
     return campaign_dir if version == 1 else campaign_dir / f"v{version}"
+
+
+def reachable(recorded: Path) -> bool:
+    """Whether this host can work in a campaign folder the ledger recorded (a teammate's
+    `--workdir` on a shared ledger, another login node): the folder, or the folder above it
+    when the campaign's own was deleted (it is recreated then), exists and is writable."""
+    where = recorded if recorded.is_dir() else recorded.parent
+    return where.is_dir() and os.access(where, os.W_OK | os.X_OK)
 
 
 def compile_cache_dir(train: TrainConfig, stage_dir: Path) -> str | None:

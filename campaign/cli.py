@@ -193,10 +193,21 @@ def submit(file: Path, db_url: str | None, workdir: Path, dry_run: bool, as_json
 
         for line in preflight.render(findings, str(file)):
             click.echo(line, err=True)
-        version, unread = planned_version(db_url, workdir, spec, new_version=new_version)
+        from campaign.attempt import reachable
+
+        version, unread, recorded = planned_version(db_url, workdir, spec, new_version=new_version)
         if unread:
             click.echo(f"warning: {' '.join(unread.split())}; the run directories shown are those of a new campaign",
                        err=True)
+        if recorded is not None and recorded != (workdir / spec.name).resolve():
+            if reachable(recorded):  # where the submit would continue (Engine._work_in): show those paths
+                click.echo(f"note: campaign {spec.name} works in {recorded} (recorded in the ledger), not in "
+                           f"{workdir / spec.name}: the run directories shown are there", err=True)
+                workdir = recorded.parent
+            else:
+                click.echo(f"warning: campaign {spec.name} works in {recorded} (recorded in the ledger), which this "
+                           f"host cannot reach or write: a submit here is refused; run it with --workdir "
+                           f"{recorded.parent} where that folder is", err=True)
         if as_json:
             doc = dryrun.dry_run_document(spec, workdir, file.parent, version)
             doc["preflight"] = [dataclasses.asdict(f) for f in findings]

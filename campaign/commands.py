@@ -20,7 +20,7 @@ import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from campaign.errors import CampaignError
 from campaign.exits import ExitClass
@@ -45,11 +45,21 @@ def open_at(db_url: str | None, workdir: Path, *, create: bool = True) -> Ledger
     return open_ledger(db_url or default_url(workdir), create=create)
 
 
-def planned_version(db_url: str | None, workdir: Path, spec: Any, *, new_version: bool) -> tuple[int, str | None]:
+class Planned(NamedTuple):
+    """What a `submit` of a spec would run as: its `version`; `unread`, why the ledger could
+    not be read (then version 1 is assumed); `recorded`, the campaign's folder as the ledger
+    records it (None for a campaign it does not know), where a submit continues (`Engine._work_in`)."""
+
+    version: int
+    unread: str | None
+    recorded: Path | None
+
+
+def planned_version(db_url: str | None, workdir: Path, spec: Any, *, new_version: bool) -> Planned:
     """The campaign version a `submit` of `spec` would run as (what the dry run shows as run
     directories): 1 for a campaign the ledger does not know, its version for the same file,
-    the next one for a changed file with `--new-version`. Reads the ledger, never creates or
-    changes it; the second item says why the ledger could not be read (then 1 is assumed)."""
+    the next one for a changed file with `--new-version`; and the folder the ledger records
+    for it. Reads the ledger, never creates or changes it."""
     from campaign.errors import NoLedger
     from campaign.ledger import reads
     from campaign.spec import reread_digest
@@ -57,17 +67,18 @@ def planned_version(db_url: str | None, workdir: Path, spec: Any, *, new_version
     try:
         ledger = open_at(db_url, workdir, create=False)
     except NoLedger:
-        return 1, None
+        return Planned(1, None, None)
     except CampaignError as e:
-        return 1, str(e)
+        return Planned(1, str(e), None)
     try:
         with ledger.session() as s:
             c = reads.get_campaign(s, spec.name)
             if c is None:
-                return 1, None
+                return Planned(1, None, None)
             digest = spec.digest()
             changed = c.spec_digest != digest and reread_digest(c.spec_source, spec.name) != digest
-            return int(c.version) + (1 if changed and new_version else 0), None
+            return Planned(int(c.version) + (1 if changed and new_version else 0), None,
+                           Path(c.workdir) if c.workdir else None)
     finally:
         ledger.close()
 

@@ -15,7 +15,6 @@ runs it in this process without Parsl (fast tests). Only this process writes the
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 import traceback
@@ -26,7 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from campaign import contract, goodput, observe, stages
-from campaign.attempt import version_root
+from campaign.attempt import reachable, version_root
 from campaign.block import Block
 from campaign.errors import CampaignConflict, CampaignError, LeaseLost, LedgerError, WorkdirError
 from campaign.lease import RELEASE_WAIT_S, DriverLease
@@ -131,8 +130,7 @@ class Engine:
         when this host reaches it (its folder, or the folder above it when the campaign's own
         was deleted: recreated then), else refuse naming it; never start over in a second folder."""
         here = self.campaign_dir
-        reachable = recorded if recorded.is_dir() else recorded.parent
-        if not (reachable.is_dir() and os.access(reachable, os.W_OK | os.X_OK)):
+        if not reachable(recorded):
             raise WorkdirError(
                 f"campaign {self.spec.name!r} works in {recorded} (recorded in the ledger), which this host cannot "
                 f"reach or write; run it where that folder is, with --workdir {recorded.parent}: its checkpoints "

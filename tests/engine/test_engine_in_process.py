@@ -96,13 +96,14 @@ def test_the_dry_run_of_a_new_version_shows_that_versions_directories(tmp_path: 
 
     workdir = tmp_path / "campaigns"
     v1 = _spec([{"kind": "smoke", "steps": 2, "timeout_s": 120}])
-    assert planned_version(None, workdir, v1, new_version=False) == (1, None)  # no ledger yet: nothing created
+    assert planned_version(None, workdir, v1, new_version=False) == (1, None, None)  # no ledger yet: nothing created
     assert not (workdir / "ledger.db").exists()
     engine = _engine(v1, tmp_path)
     assert engine.submit() == 0
     v2 = _spec([{"kind": "smoke", "steps": 3, "timeout_s": 120}])
-    assert planned_version(f"sqlite:///{tmp_path / 'ledger.db'}", workdir, v1, new_version=True) == (1, None)
-    assert planned_version(f"sqlite:///{tmp_path / 'ledger.db'}", workdir, v2, new_version=True) == (2, None)
+    here = (workdir / v1.name).resolve()
+    assert planned_version(f"sqlite:///{tmp_path / 'ledger.db'}", workdir, v1, new_version=True) == (1, None, here)
+    assert planned_version(f"sqlite:///{tmp_path / 'ledger.db'}", workdir, v2, new_version=True) == (2, None, here)
     printed = dryrun.render_dry_run(v2, workdir, version=2)
     doc = dryrun.dry_run_document(v2, workdir, version=2)
     engine.ledger.close()

@@ -52,3 +52,43 @@ def test_local_example_has_a_command_per_node_count(run_cli: Callable[..., Any],
 def test_json_without_dry_run_is_a_usage_error(run_cli: Callable[..., Any], tmp_path: Path) -> None:
     code, _, err = run_cli("submit", REPO / "examples" / "local.yaml", "--json", "--workdir", tmp_path / "wd")
     assert code == 2 and "--json goes with --dry-run" in err and not (tmp_path / "wd").exists()
+
+
+def test_the_dry_run_shows_the_folder_the_ledger_records_for_the_campaign(run_cli: Callable[..., Any],
+                                                                          tmp_path: Path) -> None:
+    """A campaign on a shared ledger (--db) works in the folder it was first submitted with
+    (a teammate's --workdir); a submit from another --workdir continues there (Engine._work_in).
+    The dry run shows those run directories, saying why; where that folder cannot be reached
+    it says a submit would be refused. Before: it showed --workdir's paths either way."""
+    from campaign import spec as spec_mod
+    from campaign.ledger import open_ledger, writes
+
+    example = REPO / "examples" / "local.yaml"
+    spec = spec_mod.load(example)
+    db = f"sqlite:///{tmp_path / 'shared' / 'ledger.db'}"
+    theirs = tmp_path / "theirs"
+    (theirs / spec.name).mkdir(parents=True)
+    led = open_ledger(db)
+    with led.session() as s:
+        writes.create_campaign(s, name=spec.name, digest=spec.digest(), spec_json={}, source=example.read_text(),
+                               site="local", workdir=str(theirs / spec.name))
+    led.close()
+    mine = tmp_path / "mine"
+    code, out, err = run_cli("submit", example, "--dry-run", "--json", "--db", db, "--workdir", mine)
+    assert code == 0, err
+    assert f"works in {theirs / spec.name} (recorded in the ledger)" in " ".join(err.split()), err
+    run_dir = json.loads(out)["stages"][0]["launch"]["attempts"][0]["env"]["CAMPAIGN_RUN_DIR"]
+    assert run_dir.startswith(str(theirs / spec.name) + "/"), run_dir
+    assert not mine.exists(), "a dry run writes nothing"
+    # The recorded folder gone with the folder above it (another host's disk): a warning, --workdir's paths.
+    led = open_ledger(db)
+    with led.session() as s:
+        from campaign.ledger import reads
+
+        reads.get_campaign(s, spec.name).workdir = str(tmp_path / "elsewhere" / "gone" / spec.name)
+    led.close()
+    code, out, err = run_cli("submit", example, "--dry-run", "--json", "--db", db, "--workdir", mine)
+    assert code == 0, err
+    assert "which this host cannot reach or write: a submit here is refused" in " ".join(err.split()), err
+    run_dir = json.loads(out)["stages"][0]["launch"]["attempts"][0]["env"]["CAMPAIGN_RUN_DIR"]
+    assert run_dir.startswith(str(mine / spec.name) + "/"), run_dir
