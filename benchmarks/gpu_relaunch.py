@@ -272,7 +272,11 @@ def relaunch(failed: dict[str, Any], nxt: dict[str, Any], step_s: float) -> dict
             "recompute_steps": None if before is None or resumed is None else before - resumed,
             "lost_s": None if lost is None else round(lost, 3),
             "warm": (nxt.get("startup") or {}).get("warm"),
-            "compile_cache": ((nxt.get("startup") or {}).get("compile_cache") or {}).get("mode")}
+            "compile_cache": ((nxt.get("startup") or {}).get("compile_cache") or {}).get("mode"),
+            # How the failed rank ended: 137 for the kill fault or the supervisor's SIGKILL at the
+            # grace, 143 for a hung rank's own exit after the SIGTERM; with `stopped`, it tells a
+            # slow exit (143 late) from a rank that never exited (137 at the grace).
+            "rank_exit": (sup.get("first_failure") or {}).get("exit_code")}
 
 
 def _supervisor(a: dict[str, Any]) -> dict[str, Any]:
@@ -320,16 +324,17 @@ def breakdown_rows(size: str, label: str, an: dict[str, Any]) -> list[dict[str, 
         rows.append({"size": size, "policy": label, "attempt": r["attempt"], "fault": r["fault"],
                      **{p: r["segments"].get(p) for p in PHASES}, "startup_s": r["startup_s"],
                      "to_first_step_s": r["to_first_step_s"], "recompute_steps": r["recompute_steps"],
-                     "lost_s": r["lost_s"], "warm": r["warm"], "compile_cache": r["compile_cache"]})
+                     "lost_s": r["lost_s"], "warm": r["warm"], "compile_cache": r["compile_cache"],
+                     "rank_exit": r.get("rank_exit")})
     return rows
 
 
 def breakdown_table(rows: list[dict[str, Any]]) -> str:
     return h.md_table(["size", "policy", "fault", *PHASES, "start-up", "fault->1st step", "recomputed steps",
-                       "lost s", "warm", "cache"],
+                       "lost s", "warm", "cache", "rank's exit"],
                       [[r["size"], r["policy"], r["fault"], *(fmt(r[p], ".2f") for p in PHASES), fmt(r["startup_s"], ".2f"),
                         fmt(r["to_first_step_s"], ".2f"), fmt(r["recompute_steps"]), fmt(r["lost_s"], ".1f"),
-                        fmt(r["warm"]), fmt(r["compile_cache"])] for r in rows])
+                        fmt(r["warm"]), fmt(r["compile_cache"]), fmt(r.get("rank_exit"))] for r in rows])
 
 
 # --- projection ----------------------------------------------------------------------------
