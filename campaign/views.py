@@ -418,11 +418,12 @@ RUNNING_WIDTH = 80
 """Columns a running attempt's second line may take before its nodes go on a third."""
 
 
-def running_lines(a: dict[str, Any]) -> list[str]:
-    """A running attempt in two lines of at most 80 columns (for a short name):
+def running_lines(a: dict[str, Any], width: int = RUNNING_WIDTH) -> list[str]:
+    """A running attempt in two lines of at most `width` columns (for a short name):
     `long-run #2 (relaunch 1): step 88/157 (56%)  eta 0:00:03  12.8K tok/s` and
     `  loss 1.8750  45.1K tok  40 ms/step  2 nodes: local-n0, local-n2` (3 names, then +N);
-    the nodes on a third line when the second would be wider (`MFU 41.3% (float8 peak 20.6%)`)."""
+    the nodes on a third line when the second would be wider (`MFU 41.3% (float8 peak 20.6%)`);
+    `watch` passes its terminal's width, `status` keeps 80."""
     name = f"{a['stage']} #{a['number']}" + (f" ({a['label']})" if a.get("label") else "")
     if a.get("step") is None:
         head = f"{name}: starting (no step yet)" + (f", target {a['target']} steps" if a.get("target") else "")
@@ -449,7 +450,7 @@ def running_lines(a: dict[str, Any]) -> list[str]:
     if a.get("mfu") is not None:
         extra.append(f"MFU {fmt_mfu(a['mfu'], a.get('mfu_float8'))}")
     line = "  " + "  ".join([*extra, where])
-    if len(line) <= RUNNING_WIDTH or not extra:
+    if len(line) <= width or not extra:
         return [head, line]
     return [head, "  " + "  ".join(extra), "  " + where]  # a float8 run's MFU or long node names
 
@@ -478,7 +479,7 @@ def watch_lines(detail: dict[str, Any], width: int = 80) -> tuple[list[str], lis
               for i, st in enumerate(detail["stages"], 1)]
     head += _packed("stages: ", stages, width)
     for a in detail.get("running") or []:
-        head += running_lines(a)
+        head += running_lines(a, width)
     if detail.get("state") not in ("running", "driver_gone") and not detail.get("running"):
         last = next((st for st in reversed(detail["stages"]) if st.get("verdict")), None)
         if last:

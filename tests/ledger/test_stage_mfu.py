@@ -104,6 +104,12 @@ def test_a_running_float8_attempt_shows_both_figures_in_80_columns(ledger_url: s
     assert lines[-1] == "  1 node: gpu-n0"  # the nodes go on a line of their own rather than past 80 columns
     text = _text(campaign_detail(d))
     assert "MFU 33.0% (float8 peak 16.5%)\n" in text and "  1 node: gpu-n0\n" in text, text
+    # `watch` on a wide terminal: the nodes stay on the line where they fit.
+    from campaign.views import watch_lines
+
+    head, _, _ = watch_lines(d, width=120)
+    assert "  loss 3.0000  30.7K tok  1000 ms/step  MFU 33.0% (float8 peak 16.5%)  1 node: gpu-n0" in head, head
+    assert watch_lines(d, width=80)[0][-1] == "  1 node: gpu-n0"
 
 
 def test_the_html_report_reads_a_float8_run_s_mfu_as_status_does(tmp_path: Path) -> None:
