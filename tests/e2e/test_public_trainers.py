@@ -172,9 +172,16 @@ def test_a_kill_of_nanogpt_relaunches_from_its_own_checkpoint_and_says_so(ws: Wo
     assert view["stage"] == "passed", out[-3000:]
     first, second = view["attempts"][0], view["attempts"][1]
     resumed = second["first_step"] - 1
+    said = [m for k, m in view["events"] if k in ("relaunch", "resumed")]
+    if resumed == 0 and first["last_step"] >= 8:
+        # nanoGPT rewrites its one ckpt.pt in place (torch.save, not atomic): a kill that lands
+        # late, inside step 8's save (seen once under CI's load), leaves no complete checkpoint.
+        # The relaunch must say so, not name step 4's file that is gone.
+        assert "from scratch (no complete checkpoint)" in said[0], said
+        assert not any("None" in m for _, m in view["events"]), view["events"]
+        return
     assert resumed % 4 == 0 and 4 <= resumed <= first["last_step"], view["attempts"]  # the kill may land late
     lost = first["last_step"] - resumed
-    said = [m for k, m in view["events"] if k in ("relaunch", "resumed")]
     # the relaunch names the step when the save could be dated; else the trainer's first step corrects it
     assert (f"from the checkpoint of step {resumed}; {lost} step(s) lost" in said[0]
             or f"resumed from step {resumed} (its first step is {resumed + 1}), not a checkpoint of unknown step: "
