@@ -15,6 +15,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from campaign import commands
 from campaign.engine import Engine
 from campaign.ledger import open_ledger, reads
@@ -29,11 +31,17 @@ def _spec(name: str, stages: list[dict[str, Any]]) -> CampaignSpec:
         "trainer": {"micro_batch_size": 2, "warmup_steps": 2}, "stages": stages})
 
 
-def test_a_drills_exclusion_binds_its_campaign_only_and_says_how_to_lift_it(tmp_path: Path) -> None:
+def test_a_drills_exclusion_binds_its_campaign_only_and_says_how_to_lift_it(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CAMPAIGN_ALLOW_FAULTS", "1")  # the slow-down below
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     out = io.StringIO()
-    first = Engine(_spec("drilled", [{"name": "long", "kind": "long_run", "nodes": 2, "steps": 400,
+    # At least 0.1 s a step: on a loaded machine (CI's two workers) the drill landed ten steps
+    # late, inside the step-20 save, and the relaunch rightly used that checkpoint, no rescue.
+    slow = {"kind": "slow", "step": 1, "delay_s": 0.1}
+    first = Engine(_spec("drilled", [{"name": "long", "kind": "long_run", "nodes": 2, "steps": 120,
                                       "checkpoint_every": 20, "max_attempts": 2, "timeout_s": 300,
+                                      "faults": [slow],
                                       "watchdog": {"heartbeat_stale_s": 5}}]),  # as examples/local.yaml
                    open_ledger(url), workdir=tmp_path / "campaigns", progress=Progress(out), runner=run_in_thread)
     drill: dict[str, Any] = {}
