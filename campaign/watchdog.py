@@ -13,9 +13,6 @@ for longer than the budget of the phase it is in:
                  - step_factor x the slowest rank's compute time per step (the phase the
                    rank is stuck in), when one rank still computes step S while its peers
                    wait in step S's collective (`stall_pattern`);
-                 - step_factor x the p99 step time, when the only rank of the launch has
-                   computed one step, not yet reported, for longer than the p99 step
-                   (`lone_compute_hang`: a one-GPU run, where no peer waits to show it);
                  - step_factor x the median step time, when every rank has waited in the
                    same collective, of a step not yet reported, for longer than the p99
                    step takes whole (`collective_hang`): a hang inside the collective. The
@@ -97,14 +94,13 @@ class Decision:
     idle_s: float
     budget_s: float
     confirmed: str | None = None
-    """The stall pattern the heartbeats showed ("compute", "collective" or "alone"), so the
-    budget had the confirmed floor; None when they showed none."""
+    """The stall pattern the heartbeats showed ("compute" or "collective"), so the budget had
+    the confirmed floor; None when they showed none."""
 
     @property
     def reason(self) -> str:
         how = {"compute": ", the heartbeats show who hangs",
-               "collective": ", the heartbeats show every rank stuck in one collective",
-               "alone": ", the heartbeats show the only rank stuck computing one step"}.get(self.confirmed or "", "")
+               "collective": ", the heartbeats show every rank stuck in one collective"}.get(self.confirmed or "", "")
         return f"no new step for {self.idle_s:.1f} s in phase {self.phase} (budget {self.budget_s:.1f} s{how})"
 
 
@@ -209,9 +205,7 @@ def decide(w: Watch, policy: WatchdogPolicy, now: float, confirmed: str | None =
     stall pattern the heartbeats show, so the steady floor is `confirmed_floor_s`: "compute"
     (`stall_pattern`: the budget follows the stuck rank's compute time) or "collective"
     (`collective_hang`: step_factor x the median step time, the heartbeats having shown
-    every rank in the collective for longer than the p99 step) or "alone"
-    (`lone_compute_hang`: step_factor x the p99 step time, the only rank having computed
-    one step for longer than the p99 step)."""
+    every rank in the collective for longer than the p99 step)."""
     idle = now - w.last_progress
     if w.exiting_since is not None:
         return Decision(now - w.exiting_since > policy.exit_s, "exiting", now - w.exiting_since, policy.exit_s)
@@ -224,8 +218,6 @@ def decide(w: Watch, policy: WatchdogPolicy, now: float, confirmed: str | None =
     floor = min(policy.confirmed_floor_s, policy.floor_s) if confirmed else policy.floor_s
     if confirmed == "compute":
         budget = pattern_s(w, policy) + floor
-    elif confirmed == "alone":
-        budget = policy.step_factor * steady_p99(w, policy) + floor
     elif confirmed == "collective" and floor < policy.floor_s:
         budget = policy.step_factor * steady_median(w, policy) + floor
     else:
@@ -293,28 +285,6 @@ def collective_hang(beats: dict[str, dict[str, Any]], active: list[str], w: Watc
                 return False
             steps.add(int(r["step"]))
     return len(steps) == 1 and steps.pop() > w.last_step
-
-
-def lone_compute_hang(beats: dict[str, dict[str, Any]], active: list[str], w: Watch, policy: WatchdogPolicy) -> bool:
-    """Whether a launch of one rank (one active node, one rank in its heartbeat) shows that
-    rank computing a step after the last one reported, by its own latest heartbeat, for
-    longer than the p99 step takes whole: a one-GPU run hanging outside collectives, where no
-    peer waits to show it (`stall_pattern`). The heartbeat is fresh (the process is alive and
-    says where it is), and a step that long in one phase is not a slow step. Priced as
-    `collective_hang` is a lone rank's collective, but on the p99 step: with no peer to
-    compare, a slow data read or a recompile looks the same for a while. It names nobody
-    (`culprits` cannot, with no peer), so the finding stays "unknown"."""
-    if w.last_step == 0 or len(active) != 1:
-        return False
-    ranks = (beats.get(active[0]) or {}).get("ranks") or {}
-    if len(ranks) != 1:
-        return False
-    (r,) = ranks.values()
-    if r.get("phase") != "compute" or r.get("step") is None or r.get("since") is None:
-        return False
-    if int(r["step"]) <= w.last_step:
-        return False
-    return float(r.get("time", 0)) - float(r["since"]) >= steady_p99(w, policy)
 
 
 def culprits(beats: dict[str, dict[str, Any]], active: list[str], now: float,

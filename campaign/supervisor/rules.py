@@ -176,8 +176,6 @@ def judge(w: Watching) -> None:
     found = watchdog.culprits(beats, w.active, now, policy) if beats else []
     if watchdog.stall_pattern(found, watch, policy):
         w.decision = watchdog.decide(watch, policy, now, confirmed="compute")
-    elif watchdog.lone_compute_hang(beats, w.active, watch, policy):
-        w.decision = watchdog.decide(watch, policy, now, confirmed="alone")
     elif watchdog.collective_hang(beats, w.active, watch, policy):
         w.decision = watchdog.decide(watch, policy, now, confirmed="collective")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from campaign.watchdog import (Watch, WatchdogPolicy, collective_hang, culprits, decide, early_budget,
-                               lone_compute_hang, stall_pattern, stragglers)
+                               stall_pattern, stragglers)
 
 POLICY = WatchdogPolicy(startup_s=100, step_factor=3, floor_s=10, warmup_steps=0, checkpoint_s=50)
 
@@ -185,41 +185,6 @@ def test_every_rank_stuck_in_one_collective_is_a_hang_at_three_step_times_plus_t
     assert not collective_hang({"n0": inside["n0"]}, ["n0", "n1"], w, policy)
     # Before the first step nothing is steady.
     assert not collective_hang(inside, ["n0", "n1"], Watch(started=0.0), policy)
-
-
-def test_the_only_rank_computing_one_step_too_long_is_a_hang_at_three_step_times_plus_the_confirmed_floor() -> None:
-    """Issue 41: a one-GPU run (one node, one rank) that hangs outside collectives has no
-    peer waiting in its collective, so `stall_pattern` never fires and the hang waited the
-    full floor (3 step times + 9 s: 10.3 s at 1b on an H100). Its own fresh heartbeat saying
-    "computing step 21" for longer than a whole p99 step is the evidence: called at 3 p99
-    steps + the confirmed floor, naming nobody."""
-    policy = POLICY.model_copy(update={"confirmed_floor_s": 1.5})
-    w = steady(step_s=1.0)  # last step 20, reported at t=0
-    stuck = {"n0": beat("n0", 4.6, {0: (21, "compute", 0.1)})}  # computing step 21 for 4.5 s
-    assert lone_compute_hang(stuck, ["n0"], w, policy)
-    assert culprits(stuck, ["n0"], 4.6, policy) == [], "no peer to compare: nobody is blamed"
-    assert not decide(w, policy, 4.4, confirmed="alone").stalled
-    d = decide(w, policy, 4.6, confirmed="alone")
-    assert d.stalled and d.budget_s == 4.5 and "the only rank stuck computing one step" in d.reason, d.reason
-    assert decide(w, policy, 4.6).budget_s == 3 * 1.0 + 10, "without the heartbeat the full floor applies"
-    # Priced on the p99 step, not the median (no peer rules a slow step out).
-    noisy = Watch(started=0.0)
-    noisy.saw_steps([{"step": i, "step_time_s": 1.6 if i % 10 == 0 else 1.0} for i in range(1, 41)], 0.0)
-    assert decide(noisy, policy, 6.2, confirmed="alone").budget_s == 3 * 1.6 + 1.5
-    # Computing for less than one whole step: a normal (or slow) step, not yet a hang.
-    assert not lone_compute_hang({"n0": beat("n0", 4.6, {0: (21, "compute", 3.7)})}, ["n0"], w, policy)
-    # In the collective (the device's work, one rank): collective_hang's case, not this one.
-    assert not lone_compute_hang({"n0": beat("n0", 4.6, {0: (21, "collective", 0.1)})}, ["n0"], w, policy)
-    # A step already reported: the heartbeat is behind the metrics, no evidence.
-    assert not lone_compute_hang({"n0": beat("n0", 4.6, {0: (20, "compute", 0.1)})}, ["n0"], w, policy)
-    # Two ranks (on one node or two): the peers' evidence is stall_pattern's to read.
-    two = {"n0": beat("n0", 4.6, {0: (21, "compute", 0.1), 1: (21, "compute", 0.1)})}
-    assert not lone_compute_hang(two, ["n0"], w, policy)
-    assert not lone_compute_hang({"n0": stuck["n0"], "n1": beat("n1", 4.6, {1: (21, "compute", 0.1)})},
-                                 ["n0", "n1"], w, policy)
-    # No heartbeat, or before the first step: nothing to read.
-    assert not lone_compute_hang({}, ["n0"], w, policy)
-    assert not lone_compute_hang(stuck, ["n0"], Watch(started=0.0), policy)
 
 
 def test_a_confirmed_collective_hang_is_priced_at_the_median_step_not_the_p99() -> None:
