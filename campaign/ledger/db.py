@@ -418,7 +418,8 @@ def _create_schema(engine: sa.Engine) -> None:
     from campaign.ledger import schema
 
     own = engine
-    if engine.dialect.name == "sqlite":
+    if engine.dialect.name == "sqlite" and engine.url.database not in (None, "", ":memory:"):
+        # (a second engine on ":memory:" would open another, empty database)
         own = sa.create_engine(engine.url, poolclass=sa.pool.NullPool)
         sa.event.listen(own, "connect", _sqlite_pragmas)
         sa.event.listen(own, "connect", lambda dbapi_conn, _record: setattr(dbapi_conn, "isolation_level", None))

@@ -349,3 +349,14 @@ def test_a_campaign_named_like_the_ledger_file_is_refused_before_anything_is_wri
         _one_line_error(code, err, name, "ledger")
         assert _sha(wd / "ledger.db") == before
         assert sorted(p.name for p in wd.iterdir() if p.is_dir()) == []
+
+
+def test_an_in_memory_ledger_is_created_with_its_tables() -> None:
+    """The one-transaction creation (a second engine) must not open a second in-memory
+    database: `sqlite:///:memory:` got no tables after ad56c2c (found by review)."""
+    from campaign.ledger import schema
+
+    led = open_ledger("sqlite:///:memory:")
+    with led.engine.connect() as conn:
+        assert "campaign" in sa.inspect(conn).get_table_names()
+        assert schema.current_revision(conn) == schema.head_revision()
