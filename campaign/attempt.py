@@ -15,9 +15,8 @@ runs each through its attempt runner (`campaign.runner`; the Parsl app by defaul
 
 from __future__ import annotations
 
-import os
-
 import dataclasses
+import os
 import re
 import sys
 from dataclasses import dataclass, field
