@@ -87,13 +87,16 @@ def upgrade_schema(url: str) -> str:
     """`campaign db upgrade`: migrate the ledger at `url` to this release's schema (made if
     new), under the schema lock; its revision afterwards."""
     from campaign.ledger import schema
-    from campaign.ledger.db import explained, make_engine, schema_lock
+    from campaign.ledger.db import create_schema, explained, make_engine, revision, schema_lock
 
     engine = make_engine(url)
     try:
         with explained(engine):
             with schema_lock(engine):  # not while a driver creates it
-                schema.upgrade(engine)
+                if revision(engine)[1]:  # an empty database: created in one transaction, as a submit does
+                    create_schema(engine)
+                else:
+                    schema.upgrade(engine)
             with engine.connect() as conn:
                 return str(schema.current_revision(conn))
     finally:

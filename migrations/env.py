@@ -27,7 +27,7 @@ with engine.connect() as connection:
         target_metadata=Base.metadata,
         render_as_batch=sqlite,
         compare_type=True,
-        # A new ledger is created in one transaction (campaign.ledger.db._create_schema).
+        # A new ledger is created in one transaction (campaign.ledger.db.create_schema).
         transactional_ddl=True if config.attributes.get("one_transaction") else None,
     )
     with context.begin_transaction():

@@ -393,18 +393,18 @@ def _prepare_schema(engine: sa.Engine, url: str, *, create: bool, check: bool) -
     fresh ledger neither both create its tables nor see the other's half-made schema."""
     from campaign.ledger import schema
 
-    current, empty = _revision(engine)
+    current, empty = revision(engine)
     if current != schema.head_revision():  # new, being created by another process, or out of date
         with schema_lock(engine):
-            current, empty = _revision(engine)
+            current, empty = revision(engine)
             if empty and create:
-                _create_schema(engine)
+                create_schema(engine)
                 return
     if check:
         schema.check(engine, current, url)
 
 
-def _create_schema(engine: sa.Engine) -> None:
+def create_schema(engine: sa.Engine) -> None:
     """Migrate a new, empty ledger to this release's head in one transaction: a failure part
     way (a full disk) leaves it empty, created again by the next open, instead of some tables
     and no revision, which only deleting the file mended ("at schema revision (none) ...
@@ -437,7 +437,7 @@ def _create_schema(engine: sa.Engine) -> None:
             own.dispose()
 
 
-def _revision(engine: sa.Engine) -> tuple[str | None, bool]:
+def revision(engine: sa.Engine) -> tuple[str | None, bool]:
     """The ledger's schema revision, and whether the database holds no table at all."""
     from campaign.ledger import schema
 

@@ -35,7 +35,7 @@ def current_revision(conn: sa.Connection) -> str | None:
 
 def upgrade(engine: sa.Engine, revision: str = "head", *, one_transaction: bool = False) -> None:
     """Migrate to `revision`. `one_transaction`: every migration in one transaction, even on
-    SQLite (Alembic's default there is one per migration; see `db._create_schema`)."""
+    SQLite (Alembic's default there is one per migration; see `db.create_schema`)."""
     cfg = alembic_config(engine)
     cfg.attributes["one_transaction"] = one_transaction
     command.upgrade(cfg, revision)

@@ -310,6 +310,11 @@ def test_a_first_submit_onto_a_disk_that_fills_while_the_ledger_is_created_leave
     _one_line_error(code, err, "cannot create the ledger", "its file system is full", str(tmpfs))
     with sa.create_engine(f"sqlite:///{tmpfs / 'ledger.db'}").connect() as conn:
         assert sa.inspect(conn).get_table_names() == [], "no half-made schema"
+    # `campaign db upgrade` on that empty ledger, the disk still full: the same one line, still empty.
+    code, _, err = _cli("db", "upgrade", "--workdir", tmpfs)
+    _one_line_error(code, err, "its file system is full", str(tmpfs))
+    with sa.create_engine(f"sqlite:///{tmpfs / 'ledger.db'}").connect() as conn:
+        assert sa.inspect(conn).get_table_names() == [], "no half-made schema from db upgrade either"
     filler.unlink()
     from campaign.ledger import schema
 
