@@ -195,6 +195,10 @@ def cancel_campaign(ledger: Ledger, name: str, wait_s: float, *, notify: Callabl
         with ledger.session() as s:
             c = reads.get_campaign(s, name)
             if c is not None and reads.get_lease(s, c) is None:
+                # Read the state again, after the lease: on SQLite each SELECT is its own snapshot
+                # (pysqlite begins no transaction for reads), so the row read first may predate
+                # the driver's last commit, which records its state and drops its lease together.
+                s.refresh(c)
                 return c.state
         time.sleep(poll_s)
     raise CampaignError(f"the driver of {name!r} did not stop within {wait_s:g} s; it may be waiting for its launch to exit")

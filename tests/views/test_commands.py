@@ -139,6 +139,32 @@ def test_cancel_stops_the_driver_that_holds_the_lease(demo: Ledger, demo_url: st
     assert driver.wait(timeout=10) == 0
 
 
+def test_cancel_reports_the_state_the_driver_left_when_it_stops_between_two_reads(
+        demo: Ledger, demo_url: str, lease_holder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interleaving CI met once under load (the campaign read as 'succeeded'): the cancel
+    reads the campaign, the driver then commits its state and drops its lease in one
+    transaction, and the cancel reads the lease as gone. On SQLite each SELECT is its own
+    snapshot, so the state read first is the old one; the cancel must read it again. The
+    driver's stop is forced between the two reads here (its own process, the real ledger)."""
+    import os
+    import signal
+
+    driver = lease_holder(demo_url, "demo-run")
+    real = reads.get_lease
+    polls = {"n": 0}
+
+    def get_lease(s, c):  # type: ignore[no-untyped-def]
+        polls["n"] += 1
+        if polls["n"] == 2:  # the first poll after the SIGTERM: let the driver stop right here
+            os.kill(driver.pid, signal.SIGCONT)
+            driver.wait(timeout=10)
+        return real(s, c)
+
+    os.kill(driver.pid, signal.SIGSTOP)  # it handles the cancel's SIGTERM only once let go, above
+    monkeypatch.setattr(reads, "get_lease", get_lease)
+    assert commands.cancel_campaign(demo, "demo-run", 30.0, poll_s=0.05) == "cancelled"
+
+
 def test_cancel_refuses_a_driver_elsewhere_or_gone(demo: Ledger) -> None:
     with demo.session() as s:
         writes.take_lease(s, reads.get_campaign(s, "demo-run"), host="login-7", pid=4242, token="t", ttl_s=60)
