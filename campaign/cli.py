@@ -559,7 +559,8 @@ def db() -> None:
 @_db_options
 @_errors
 def db_upgrade(db_url: str | None, workdir: Path) -> None:
-    """Migrate the ledger to this release's schema (creates it if new)."""
+    """Migrate the ledger to this release's schema. A new or empty one is created in one
+    transaction: a disk that fills part way leaves it empty, with one line saying so."""
     from campaign import commands
     from campaign.ledger import default_url
 
