@@ -140,7 +140,8 @@ def main() -> None:
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @_db_options
 @click.option("--dry-run", is_flag=True, help="Print the preflight's findings, then what each stage would launch (in the run "
-              "directories of the version it would run as: with --new-version, the next one); submit and record nothing.")
+              "directories of the version it would run as: with --new-version, the next one; in the folder the ledger "
+              "records for a known campaign, which a submit continues in); submit and record nothing.")
 @click.option("--json", "as_json", is_flag=True,
               help="With --dry-run: a JSON document instead of text (each stage's launch command, environment, "
                    "and the first node's placement: CPUs, visible devices and device per local rank).")
